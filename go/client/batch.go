@@ -1,0 +1,293 @@
+package client
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/wire"
+	"github.com/dfkv/dfkv/go/wire/fb"
+)
+
+// Item is one key of a batch call. Inputs: Key, and Value or Segs (put) / Buf or Segs (get).
+// Outputs: Err (nil on success/hit) and N (value length for gets and exists).
+// Every item starts as failed (ErrUnavailable) and is set only once its outcome is known.
+type Item struct {
+	Key   []byte
+	Value []byte
+	Buf   []byte
+	Segs  [][]byte
+	N     int64
+	Err   error
+
+	id identity.ObjectID
+}
+
+func (it *Item) segs(forGet bool) [][]byte {
+	if it.Segs != nil {
+		return it.Segs
+	}
+	if forGet {
+		return [][]byte{it.Buf}
+	}
+	return [][]byte{it.Value}
+}
+
+func segsLen(segs [][]byte) uint64 {
+	n := uint64(0)
+	for _, s := range segs {
+		n += uint64(len(s))
+	}
+	return n
+}
+
+// GetMode selects the size contract of BatchGet.
+type GetMode int
+
+const (
+	// Exact: the stored value must be exactly the buffer's length.
+	Exact GetMode = iota
+	// Auto: the stored value must fit the buffer; Item.N receives its length.
+	Auto
+)
+
+// BatchPut stores every item (Value, or Segs gathered in order).
+func (c *Client) BatchPut(items []Item) error {
+	return c.batch(fb.OpBatchPut, items, 0, opBatchPut)
+}
+
+// BatchGet reads every item into Buf (or scatters into Segs).
+func (c *Client) BatchGet(items []Item, mode GetMode) error {
+	flags := wire.FlagExact
+	if mode == Auto {
+		flags = wire.FlagCap
+	}
+	return c.batch(fb.OpBatchGet, items, flags, opBatchGet)
+}
+
+// BatchExist sets N to each item's stored length (Err = ErrNotFound when absent).
+func (c *Client) BatchExist(items []Item) error {
+	return c.batch(fb.OpBatchExist, items, 0, opBatchExist)
+}
+
+// BatchRemove removes every item.
+func (c *Client) BatchRemove(items []Item) error {
+	return c.batch(fb.OpBatchRemove, items, 0, opBatchRemove)
+}
+
+type chunk struct {
+	p     *peer
+	items []*Item
+}
+
+// maxChunkBytes bounds one batch frame's value bytes so a chunk's replies stream out
+// without one connection carrying an unbounded frame.
+const maxChunkBytes = 64 << 20
+
+func (c *Client) batch(op fb.Op, items []Item, flags uint8, kind opKind) error {
+	start := time.Now()
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	view := c.opts.Membership.View()
+	groups := map[*peer][]*Item{}
+	var order []*peer
+	for i := range items {
+		it := &items[i]
+		it.Err, it.N = ErrUnavailable, 0
+		if err := c.checkItem(op, it); err != nil {
+			it.Err = err
+			continue
+		}
+		it.id = c.ID(it.Key)
+		m, ok := view.Owner(it.id.Hi)
+		if !ok {
+			continue
+		}
+		p := c.peerFor(m)
+		if p.cooling() {
+			c.m.fastFails.Inc()
+			continue
+		}
+		if _, seen := groups[p]; !seen {
+			order = append(order, p)
+		}
+		groups[p] = append(groups[p], it)
+	}
+	var chunks []chunk
+	for _, p := range order {
+		chunks = appendChunks(chunks, p, groups[p], op, c.opts)
+	}
+	var wg sync.WaitGroup
+	for i := 1; i < len(chunks); i++ {
+		fanout <- struct{}{}
+		wg.Add(1)
+		go func(ch chunk) {
+			defer func() { <-fanout; wg.Done() }()
+			c.runChunk(op, flags, ch)
+		}(chunks[i])
+	}
+	if len(chunks) > 0 {
+		c.runChunk(op, flags, chunks[0])
+	}
+	wg.Wait()
+	var moved int64
+	for i := range items {
+		it := &items[i]
+		c.m.ops[kind][result(it.Err)].Inc()
+		if it.Err == nil && (op == fb.OpBatchGet || op == fb.OpBatchPut) {
+			moved += it.N
+		}
+	}
+	c.m.bytes[kind].Add(float64(moved))
+	c.m.latency[kind].Observe(time.Since(start).Seconds())
+	return nil
+}
+
+func (c *Client) checkItem(op fb.Op, it *Item) error {
+	switch op {
+	case fb.OpBatchPut, fb.OpBatchGet:
+		segs := it.segs(op == fb.OpBatchGet)
+		if len(segs) == 0 || len(segs) > int(c.opts.Limits.MaxSgSegs) {
+			return fmt.Errorf("dfkv: %d segments (max %d): %w", len(segs), c.opts.Limits.MaxSgSegs, ErrInvalid)
+		}
+		n := segsLen(segs)
+		if n == 0 || n > c.opts.Limits.MaxValue {
+			return fmt.Errorf("dfkv: value/buffer of %d bytes: %w", n, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// appendChunks splits one peer's items into at most BatchConcurrency frames (more when the
+// item or byte limits demand), so a large batch to one node uses several connections.
+func appendChunks(out []chunk, p *peer, items []*Item, op fb.Op, o Options) []chunk {
+	per := (len(items) + o.BatchConcurrency - 1) / o.BatchConcurrency
+	per = max(1, min(per, int(o.Limits.MaxBatchItems)))
+	for len(items) > 0 {
+		n, bytes := 0, uint64(0)
+		for n < len(items) && n < per {
+			if op == fb.OpBatchPut || op == fb.OpBatchGet {
+				b := segsLen(items[n].segs(op == fb.OpBatchGet))
+				if n > 0 && bytes+b > maxChunkBytes {
+					break
+				}
+				bytes += b
+			}
+			n++
+		}
+		out = append(out, chunk{p: p, items: items[:n]})
+		items = items[n:]
+	}
+	return out
+}
+
+func (c *Client) runChunk(op fb.Op, flags uint8, ch chunk) {
+	status := make([]error, len(ch.items))
+	lens := make([]int64, len(ch.items))
+	err := c.exec(ch.p, func(pc *pconn) error {
+		return c.chunkOnce(pc, op, flags, ch.items, status, lens)
+	})
+	for i, it := range ch.items {
+		if err != nil {
+			it.Err = err
+			continue
+		}
+		it.Err, it.N = status[i], lens[i]
+	}
+}
+
+// chunkOnce sends one batch frame and reads its per-item replies.
+func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, items []*Item, status []error, lens []int64) error {
+	need := len(items) * wire.BatchItemSize
+	if cap(pc.scratch) < need {
+		pc.scratch = make([]byte, need)
+	}
+	scratch := pc.scratch[:need]
+	req := wire.Request{Op: op, Count: uint32(len(items)), Tenant: c.tenant}
+	var payload [][]byte
+	for i, it := range items {
+		bi := wire.BatchItem{ID: it.id}
+		switch op {
+		case fb.OpBatchPut:
+			bi.Length = segsLen(it.segs(false))
+		case fb.OpBatchGet:
+			bi.Length, bi.Flags = segsLen(it.segs(true)), flags
+		}
+		b := scratch[i*wire.BatchItemSize : (i+1)*wire.BatchItemSize]
+		bi.Encode(b)
+		if op == fb.OpBatchPut {
+			payload = append(payload, b)
+			payload = append(payload, it.segs(false)...)
+			req.PayloadLen += wire.BatchItemSize + bi.Length
+		}
+	}
+	if op != fb.OpBatchPut {
+		payload = [][]byte{scratch}
+		req.PayloadLen = uint64(need)
+	}
+	if err := pc.send(&req, payload...); err != nil {
+		return err
+	}
+	resp, err := pc.recv(op)
+	if err != nil {
+		return err
+	}
+	if resp.Status != fb.StatusOk {
+		if resp.Count == 0 {
+			return statusError{statusErr(resp.Status)}
+		}
+		return fmt.Errorf("%w: batch status %d with %d items", ErrProtocol, resp.Status, resp.Count)
+	}
+	if int(resp.Count) != len(items) {
+		return fmt.Errorf("%w: batch reply has %d items, sent %d", ErrProtocol, resp.Count, len(items))
+	}
+	var rb [wire.BatchResultSize]byte
+	for i, it := range items {
+		if _, err := readFull(pc, rb[:]); err != nil {
+			return err
+		}
+		r, err := wire.DecodeBatchResult(rb[:])
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrProtocol, err)
+		}
+		status[i] = statusErr(r.Status)
+		if r.Status == fb.StatusInvalid && r.ValueLen != 0 && op == fb.OpBatchGet {
+			status[i] = fmt.Errorf("dfkv: stored %d bytes: %w", r.ValueLen, ErrBufferTooSmall)
+		}
+		switch op {
+		case fb.OpBatchGet:
+			if r.PayloadLen != 0 {
+				segs := it.segs(true)
+				if r.Status != fb.StatusOk || r.PayloadLen > segsLen(segs) {
+					return fmt.Errorf("%w: item %d: %d-byte payload (status %d)", ErrProtocol, i, r.PayloadLen, r.Status)
+				}
+				if err := readSegs(pc, segs, r.PayloadLen); err != nil {
+					return err
+				}
+			}
+			lens[i] = int64(r.PayloadLen)
+		case fb.OpBatchExist:
+			lens[i] = int64(r.ValueLen)
+		case fb.OpBatchPut:
+			if r.PayloadLen != 0 {
+				return fmt.Errorf("%w: payload in a batch put reply", ErrProtocol)
+			}
+			lens[i] = int64(segsLen(it.segs(false)))
+		}
+	}
+	return nil
+}
+
+func readFull(pc *pconn, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		k, err := pc.br.Read(b[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

@@ -1,0 +1,424 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/transport"
+	"github.com/dfkv/dfkv/go/transport/tcp"
+	"github.com/dfkv/dfkv/go/version"
+	"github.com/dfkv/dfkv/go/wire"
+	"github.com/dfkv/dfkv/go/wire/fb"
+)
+
+// Version is the client library version.
+var Version = version.Version
+
+// Options configure a Client. Zero values take the defaults noted.
+type Options struct {
+	Membership       Membership // required
+	Namespace        []byte     // binary namespace (may contain NUL)
+	Tenant           []byte     // tenant for quotas; its hash travels on the wire
+	Dialer           transport.Dialer
+	ConnectTimeout   time.Duration // default 1s
+	IOTimeout        time.Duration // per request, default 5s
+	Cooldown         time.Duration // after a peer I/O failure, default 3s
+	PoolSize         int           // idle connections kept per peer, default 16
+	BatchConcurrency int           // chunks in flight per batch call, default 4
+	Limits           wire.Limits   // client-side frame limits, default wire.DefaultLimits()
+	Logger           *slog.Logger
+}
+
+// Client is safe for concurrent use.
+type Client struct {
+	opts   Options
+	tenant uint64
+	m      *clientMetrics
+
+	mu     sync.RWMutex
+	peers  map[string]*peer // by address
+	closed atomic.Bool
+}
+
+// New returns a client. It does not connect until the first request.
+func New(opts Options) (*Client, error) {
+	if opts.Membership == nil {
+		return nil, errors.New("dfkv: no membership (static members or MDS endpoints)")
+	}
+	if opts.Dialer == nil {
+		opts.Dialer = tcp.Dialer{}
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = time.Second
+	}
+	if opts.IOTimeout <= 0 {
+		opts.IOTimeout = 5 * time.Second
+	}
+	if opts.Cooldown <= 0 {
+		opts.Cooldown = 3 * time.Second
+	}
+	if opts.PoolSize <= 0 {
+		opts.PoolSize = 16
+	}
+	if opts.BatchConcurrency <= 0 {
+		opts.BatchConcurrency = 4
+	}
+	if opts.Limits == (wire.Limits{}) {
+		opts.Limits = wire.DefaultLimits()
+	}
+	if err := opts.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("dfkv: %w", err)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	opts.Namespace = append([]byte(nil), opts.Namespace...)
+	return &Client{opts: opts, tenant: identity.Tenant(opts.Tenant), m: newClientMetrics(), peers: map[string]*peer{}}, nil
+}
+
+// Close releases pooled connections. Requests after Close fail with ErrClosed.
+func (c *Client) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	c.mu.Lock()
+	for _, p := range c.peers {
+		p.close()
+	}
+	c.mu.Unlock()
+	return c.opts.Membership.Close()
+}
+
+// TransportMode names the data transport.
+func (c *Client) TransportMode() string { return c.opts.Dialer.Mode() }
+
+// MaxSGSegs is the most segments one scatter-gather item may have.
+func (c *Client) MaxSGSegs() int { return int(c.opts.Limits.MaxSgSegs) }
+
+// ID returns the object id of key in this client's namespace.
+func (c *Client) ID(key []byte) identity.ObjectID { return identity.Object(c.opts.Namespace, key) }
+
+func (c *Client) peerFor(m Member) *peer {
+	c.mu.RLock()
+	p := c.peers[m.Addr]
+	c.mu.RUnlock()
+	if p != nil {
+		return p
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p = c.peers[m.Addr]; p == nil {
+		p = newPeer(c, m.Addr)
+		c.peers[m.Addr] = p
+	}
+	return p
+}
+
+// route returns the peer owning id, or ErrUnavailable when it is cooling down.
+func (c *Client) route(id identity.ObjectID) (*peer, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	m, ok := c.opts.Membership.View().Owner(id.Hi)
+	if !ok {
+		return nil, fmt.Errorf("dfkv: empty ring: %w", ErrUnavailable)
+	}
+	p := c.peerFor(m)
+	if p.cooling() {
+		c.m.fastFails.Inc()
+		return nil, fmt.Errorf("dfkv: %s (%s) cooling down: %w", m.ID, m.Addr, ErrUnavailable)
+	}
+	return p, nil
+}
+
+// statusError is a server reply status: the connection stays usable.
+type statusError struct{ err error }
+
+func (e statusError) Error() string { return e.err.Error() }
+func (e statusError) Unwrap() error { return e.err }
+
+// exec runs op on a pooled connection to p, retrying once on a fresh connection when a
+// reused one turns out to have been closed while idle. Every dfkv op is idempotent, so the
+// replay is safe. Transport failures start the peer's cool-down.
+func (c *Client) exec(p *peer, op func(pc *pconn) error) error {
+	for attempt := 0; ; attempt++ {
+		pc, err := p.get()
+		if err != nil {
+			p.markFailed()
+			return err
+		}
+		_ = pc.nc.SetDeadline(time.Now().Add(c.opts.IOTimeout))
+		err = op(pc)
+		if err == nil {
+			p.markHealthy()
+			p.put(pc)
+			return nil
+		}
+		var se statusError
+		if errors.As(err, &se) {
+			p.markHealthy()
+			p.put(pc)
+			return se.err
+		}
+		pc.nc.Close()
+		if attempt == 0 && pc.reused && isStale(err) {
+			c.m.retries.Inc()
+			continue
+		}
+		if !errors.Is(err, ErrProtocol) {
+			p.markFailed()
+		}
+		return ioErr(p.addr, err)
+	}
+}
+
+// Put stores value under key.
+func (c *Client) Put(key, value []byte) error {
+	return c.PutSegs(key, [][]byte{value})
+}
+
+// PutSegs stores the concatenation of segs under key (gathered by writev, not copied).
+func (c *Client) PutSegs(key []byte, segs [][]byte) error {
+	start := time.Now()
+	total := uint64(0)
+	for _, s := range segs {
+		total += uint64(len(s))
+	}
+	if total == 0 {
+		return fmt.Errorf("dfkv: put: empty value: %w", ErrInvalid)
+	}
+	if total > c.opts.Limits.MaxValue {
+		return fmt.Errorf("dfkv: put: %d bytes exceeds max value %d: %w", total, c.opts.Limits.MaxValue, ErrInvalid)
+	}
+	id := c.ID(key)
+	p, err := c.route(id)
+	if err == nil {
+		err = c.exec(p, func(pc *pconn) error {
+			req := wire.Request{Op: fb.OpPut, Tenant: c.tenant, ID: id, PayloadLen: total}
+			if err := pc.send(&req, segs...); err != nil {
+				return err
+			}
+			resp, err := pc.recv(fb.OpPut)
+			if err != nil {
+				return err
+			}
+			return statusReply(resp)
+		})
+	}
+	c.m.done(opPut, err, int64(total), start)
+	return err
+}
+
+func statusReply(resp wire.Response) error {
+	if resp.PayloadLen != 0 {
+		return fmt.Errorf("%w: unexpected %d-byte payload", ErrProtocol, resp.PayloadLen)
+	}
+	if resp.Status != fb.StatusOk {
+		return statusError{statusErr(resp.Status)}
+	}
+	return nil
+}
+
+// Get reads a value that must be exactly len(buf) bytes into buf.
+func (c *Client) Get(key, buf []byte) error {
+	_, err := c.get(key, [][]byte{buf}, wire.FlagExact, 0, uint64(len(buf)), opGet)
+	return err
+}
+
+// GetAuto reads a value of at most len(buf) bytes into buf and returns its length. A longer
+// stored value is ErrBufferTooSmall (a miss).
+func (c *Client) GetAuto(key, buf []byte) (int, error) {
+	n, err := c.get(key, [][]byte{buf}, wire.FlagCap, 0, uint64(len(buf)), opGet)
+	return int(n), err
+}
+
+// GetRange reads len(buf) bytes starting at off.
+func (c *Client) GetRange(key []byte, off uint64, buf []byte) error {
+	if len(buf) == 0 {
+		return fmt.Errorf("dfkv: get range: empty buffer: %w", ErrInvalid)
+	}
+	_, err := c.get(key, [][]byte{buf}, 0, off, uint64(len(buf)), opGet)
+	return err
+}
+
+// GetAutoSegs scatters a value of at most sum(len(segs)) bytes across segs in order.
+func (c *Client) GetAutoSegs(key []byte, segs [][]byte) (int, error) {
+	total := uint64(0)
+	for _, s := range segs {
+		total += uint64(len(s))
+	}
+	n, err := c.get(key, segs, wire.FlagCap, 0, total, opGet)
+	return int(n), err
+}
+
+func (c *Client) get(key []byte, segs [][]byte, flags uint8, off, length uint64, op opKind) (uint64, error) {
+	start := time.Now()
+	if length == 0 {
+		return 0, fmt.Errorf("dfkv: get: empty buffer: %w", ErrInvalid)
+	}
+	id := c.ID(key)
+	var n uint64
+	p, err := c.route(id)
+	if err == nil {
+		err = c.exec(p, func(pc *pconn) error {
+			req := wire.Request{Op: fb.OpGet, Flags: flags, Tenant: c.tenant, ID: id, Offset: off, Length: length}
+			if err := pc.send(&req); err != nil {
+				return err
+			}
+			resp, err := pc.recv(fb.OpGet)
+			if err != nil {
+				return err
+			}
+			if resp.Status != fb.StatusOk {
+				if resp.PayloadLen != 0 {
+					return fmt.Errorf("%w: payload on a failed get", ErrProtocol)
+				}
+				if resp.Status == fb.StatusInvalid && resp.ValueLen != 0 && flags != 0 {
+					// The value exists but does not fit the caller's size contract.
+					return statusError{fmt.Errorf("dfkv: stored %d bytes, asked %d: %w", resp.ValueLen, length, ErrBufferTooSmall)}
+				}
+				return statusError{statusErr(resp.Status)}
+			}
+			if resp.PayloadLen > length {
+				return fmt.Errorf("%w: %d-byte payload for a %d-byte buffer", ErrProtocol, resp.PayloadLen, length)
+			}
+			if err := readSegs(pc, segs, resp.PayloadLen); err != nil {
+				return err
+			}
+			n = resp.PayloadLen
+			return nil
+		})
+	}
+	c.m.done(op, err, int64(n), start)
+	return n, err
+}
+
+// readSegs reads n payload bytes straight into segs in order.
+func readSegs(pc *pconn, segs [][]byte, n uint64) error {
+	for _, s := range segs {
+		if n == 0 {
+			break
+		}
+		k := min(uint64(len(s)), n)
+		if _, err := io.ReadFull(pc.br, s[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	if n != 0 {
+		return fmt.Errorf("%w: payload longer than buffers", ErrProtocol)
+	}
+	return nil
+}
+
+// Exist returns the stored length of key's value, or ErrNotFound.
+func (c *Client) Exist(key []byte) (int64, error) {
+	start := time.Now()
+	id := c.ID(key)
+	var n int64
+	p, err := c.route(id)
+	if err == nil {
+		err = c.exec(p, func(pc *pconn) error {
+			req := wire.Request{Op: fb.OpExist, Tenant: c.tenant, ID: id}
+			if err := pc.send(&req); err != nil {
+				return err
+			}
+			resp, err := pc.recv(fb.OpExist)
+			if err != nil {
+				return err
+			}
+			n = int64(resp.ValueLen)
+			return statusReply(resp)
+		})
+	}
+	c.m.done(opExist, err, 0, start)
+	return n, err
+}
+
+// Remove deletes key's value; an absent key is ErrNotFound.
+func (c *Client) Remove(key []byte) error {
+	start := time.Now()
+	id := c.ID(key)
+	p, err := c.route(id)
+	if err == nil {
+		err = c.exec(p, func(pc *pconn) error {
+			req := wire.Request{Op: fb.OpRemove, Tenant: c.tenant, ID: id}
+			if err := pc.send(&req); err != nil {
+				return err
+			}
+			resp, err := pc.recv(fb.OpRemove)
+			if err != nil {
+				return err
+			}
+			return statusReply(resp)
+		})
+	}
+	c.m.done(opRemove, err, 0, start)
+	return err
+}
+
+// NodeStats fetches the STATS control reply of one node by address.
+func (c *Client) NodeStats(addr string) (map[string]float64, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	p := c.peerFor(Member{ID: addr, Addr: addr})
+	var out map[string]float64
+	err := c.exec(p, func(pc *pconn) error {
+		req := wire.Request{Op: fb.OpStats}
+		if err := pc.send(&req); err != nil {
+			return err
+		}
+		resp, err := pc.recv(fb.OpStats)
+		if err != nil {
+			return err
+		}
+		if resp.Status != fb.StatusOk || resp.PayloadLen > 1<<20 {
+			return fmt.Errorf("%w: stats status %d, %d bytes", ErrProtocol, resp.Status, resp.PayloadLen)
+		}
+		buf := make([]byte, resp.PayloadLen)
+		if _, err := io.ReadFull(pc.br, buf); err != nil {
+			return err
+		}
+		out, err = wire.DecodeStats(buf)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrProtocol, err)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Ping round-trips a PING to the owner of key (used by benchmarks and health checks).
+func (c *Client) Ping(addr string) error {
+	p := c.peerFor(Member{ID: addr, Addr: addr})
+	return c.exec(p, func(pc *pconn) error {
+		req := wire.Request{Op: fb.OpPing}
+		if err := pc.send(&req); err != nil {
+			return err
+		}
+		resp, err := pc.recv(fb.OpPing)
+		if err != nil {
+			return err
+		}
+		return statusReply(resp)
+	})
+}
+
+// fanout bounds the goroutines all clients in the process use for batch chunks
+// (DFKV_FANOUT_THREADS, default 32).
+var fanout = func() chan struct{} {
+	n := 32
+	if v, err := strconv.Atoi(os.Getenv("DFKV_FANOUT_THREADS")); err == nil && v > 0 && v <= 4096 {
+		n = v
+	}
+	return make(chan struct{}, n)
+}()

@@ -1,0 +1,52 @@
+package client
+
+import (
+	"errors"
+
+	"github.com/dfkv/dfkv/go/wire/fb"
+)
+
+// Sentinel errors; callers branch with errors.Is.
+var (
+	ErrNotFound       = errors.New("dfkv: not found")
+	ErrCacheFull      = errors.New("dfkv: cache full")
+	ErrQuotaExceeded  = errors.New("dfkv: quota exceeded")
+	ErrIO             = errors.New("dfkv: server I/O error")
+	ErrInvalid        = errors.New("dfkv: invalid request")
+	ErrTimeout        = errors.New("dfkv: timeout")
+	ErrUnavailable    = errors.New("dfkv: peer unavailable")
+	ErrBufferTooSmall = errors.New("dfkv: buffer too small")
+	ErrClosed         = errors.New("dfkv: client closed")
+	ErrProtocol       = errors.New("dfkv: protocol error")
+)
+
+func statusErr(st fb.Status) error {
+	switch st {
+	case fb.StatusOk:
+		return nil
+	case fb.StatusNotFound:
+		return ErrNotFound
+	case fb.StatusCacheFull:
+		return ErrCacheFull
+	case fb.StatusQuotaExceeded:
+		return ErrQuotaExceeded
+	case fb.StatusIOError:
+		return ErrIO
+	case fb.StatusInvalid:
+		return ErrInvalid
+	case fb.StatusTimeout:
+		return ErrTimeout
+	case fb.StatusUnavailable:
+		return ErrUnavailable
+	case fb.StatusBufferTooSmall:
+		return ErrBufferTooSmall
+	default:
+		return ErrProtocol
+	}
+}
+
+// IsMiss reports whether err means "the cache does not have it now": the caller recomputes.
+func IsMiss(err error) bool {
+	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrTimeout) ||
+		errors.Is(err, ErrBufferTooSmall)
+}

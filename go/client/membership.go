@@ -1,0 +1,118 @@
+package client
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/dfkv/dfkv/go/ring"
+)
+
+// Member is one cache node.
+type Member struct {
+	ID     string
+	Addr   string // host:port
+	Weight uint32
+}
+
+// View is an immutable routing snapshot.
+type View struct {
+	Members []Member // sorted by id, index-aligned with Ring.Nodes()
+	Ring    *ring.Ring
+	Epoch   uint64
+}
+
+// NewView builds a view over members.
+func NewView(members []Member, epoch uint64) (*View, error) {
+	nodes := make([]ring.Node, len(members))
+	for i, m := range members {
+		if _, _, err := net.SplitHostPort(m.Addr); err != nil {
+			return nil, fmt.Errorf("client: member %q address %q: %w", m.ID, m.Addr, err)
+		}
+		nodes[i] = ring.Node{ID: m.ID, Weight: m.Weight}
+	}
+	r, err := ring.New(nodes)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	byID := make(map[string]Member, len(members))
+	for _, m := range members {
+		byID[m.ID] = m
+	}
+	sorted := make([]Member, 0, len(members))
+	for _, n := range r.Nodes() {
+		sorted = append(sorted, byID[n.ID])
+	}
+	return &View{Members: sorted, Ring: r, Epoch: epoch}, nil
+}
+
+// Owner returns the member owning an object whose id has high half hi.
+func (v *View) Owner(hi uint64) (Member, bool) {
+	i, _ := v.Ring.Owner(hi)
+	if i < 0 {
+		return Member{}, false
+	}
+	return v.Members[i], true
+}
+
+// Membership supplies the current view. Implementations swap views atomically; the static
+// source never changes, the MDS source follows the cluster.
+type Membership interface {
+	View() *View
+	Close() error
+}
+
+// Static is a fixed membership.
+type Static struct{ v atomic.Pointer[View] }
+
+// NewStatic returns a fixed membership over members.
+func NewStatic(members []Member) (*Static, error) {
+	v, err := NewView(members, 1)
+	if err != nil {
+		return nil, err
+	}
+	s := &Static{}
+	s.v.Store(v)
+	return s, nil
+}
+
+func (s *Static) View() *View  { return s.v.Load() }
+func (s *Static) Close() error { return nil }
+
+// ParseMembers parses "id=host:port[@weight],...". A bare "host:port" gets its address as id.
+func ParseMembers(s string) ([]Member, error) {
+	var out []Member
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		m := Member{Weight: 1}
+		if at := strings.LastIndexByte(f, '@'); at >= 0 {
+			w, err := strconv.ParseUint(f[at+1:], 10, 32)
+			if err != nil || w == 0 || w > ring.MaxWeight {
+				return nil, fmt.Errorf("client: member %q: bad weight", f)
+			}
+			m.Weight = uint32(w)
+			f = f[:at]
+		}
+		if eq := strings.IndexByte(f, '='); eq >= 0 {
+			m.ID, m.Addr = f[:eq], f[eq+1:]
+		} else {
+			m.ID, m.Addr = f, f
+		}
+		if m.ID == "" {
+			return nil, fmt.Errorf("client: member %q: empty id", f)
+		}
+		if _, _, err := net.SplitHostPort(m.Addr); err != nil {
+			return nil, fmt.Errorf("client: member %q: %w", f, err)
+		}
+		out = append(out, m)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("client: no members in %q", s)
+	}
+	return out, nil
+}

@@ -1,0 +1,187 @@
+// Command dfkvctl talks to dfkv nodes: put/get/exist/rm/stat on one node.
+//
+// Exit status: 0 success or hit, 1 clean miss, 2 error.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/cmd/internal/cli"
+)
+
+const (
+	exitOK    = 0
+	exitMiss  = 1
+	exitError = 2
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage: dfkvctl --node HOST:PORT [--ns NAMESPACE] [--tenant T] COMMAND
+commands:
+  put KEY FILE|-      store FILE (or stdin) under KEY
+  get KEY [FILE|-]    write KEY's value to FILE (default stdout)
+  exist KEY           print the stored length
+  rm KEY              remove KEY
+  stat                print the node's counters
+exit status: 0 ok/hit, 1 miss, 2 error. Flags read DFKV_<FLAG> too (DFKV_NODE, DFKV_NS).
+`)
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("dfkvctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	node := fs.String("node", "127.0.0.1:12000", "cache node address")
+	ns := fs.String("ns", "", "key namespace")
+	tenant := fs.String("tenant", "", "tenant (quota accounting)")
+	timeout := fs.Duration("timeout", 10*time.Second, "per-request I/O timeout")
+	fs.Usage = func() { usage(stderr) }
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitError
+	}
+	if err := cli.ApplyEnv(fs); err != nil {
+		fmt.Fprintln(stderr, "dfkvctl:", err)
+		return exitError
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		usage(stderr)
+		return exitError
+	}
+	members, err := client.ParseMembers("node=" + *node)
+	if err != nil {
+		fmt.Fprintln(stderr, "dfkvctl:", err)
+		return exitError
+	}
+	ms, _ := client.NewStatic(members)
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte(*ns), Tenant: []byte(*tenant),
+		IOTimeout: *timeout, ConnectTimeout: *timeout, Cooldown: time.Millisecond})
+	if err != nil {
+		fmt.Fprintln(stderr, "dfkvctl:", err)
+		return exitError
+	}
+	defer c.Close()
+	cmd, argv := rest[0], rest[1:]
+	need := func(lo, hi int) bool {
+		if len(argv) < lo || len(argv) > hi {
+			fmt.Fprintf(stderr, "dfkvctl: %s takes %d..%d arguments\n", cmd, lo, hi)
+			return false
+		}
+		return true
+	}
+	switch cmd {
+	case "put":
+		if !need(2, 2) {
+			return exitError
+		}
+		data, err := readInput(argv[1], stdin)
+		if err != nil {
+			fmt.Fprintln(stderr, "dfkvctl:", err)
+			return exitError
+		}
+		return report(stderr, c.Put([]byte(argv[0]), data), func() { fmt.Fprintf(stdout, "stored %d bytes\n", len(data)) })
+	case "get":
+		if !need(1, 2) {
+			return exitError
+		}
+		out := "-"
+		if len(argv) == 2 {
+			out = argv[1]
+		}
+		return get(c, []byte(argv[0]), out, stdout, stderr)
+	case "exist":
+		if !need(1, 1) {
+			return exitError
+		}
+		n, err := c.Exist([]byte(argv[0]))
+		return report(stderr, err, func() { fmt.Fprintln(stdout, n) })
+	case "rm":
+		if !need(1, 1) {
+			return exitError
+		}
+		return report(stderr, c.Remove([]byte(argv[0])), func() { fmt.Fprintln(stdout, "removed") })
+	case "stat":
+		if !need(0, 0) {
+			return exitError
+		}
+		st, err := c.NodeStats(*node)
+		return report(stderr, err, func() {
+			names := make([]string, 0, len(st))
+			for k := range st {
+				names = append(names, k)
+			}
+			sort.Strings(names)
+			for _, k := range names {
+				fmt.Fprintf(stdout, "%-24s %.0f\n", k, st[k])
+			}
+		})
+	default:
+		fmt.Fprintf(stderr, "dfkvctl: unknown command %q\n", cmd)
+		usage(stderr)
+		return exitError
+	}
+}
+
+func readInput(name string, stdin io.Reader) ([]byte, error) {
+	if name == "-" {
+		return io.ReadAll(stdin)
+	}
+	return os.ReadFile(name)
+}
+
+// get sizes the buffer with EXIST, then reads; a value that grew in between is re-read.
+func get(c *client.Client, key []byte, out string, stdout, stderr io.Writer) int {
+	for attempt := 0; attempt < 3; attempt++ {
+		n, err := c.Exist(key)
+		if err != nil {
+			return report(stderr, err, nil)
+		}
+		buf := make([]byte, n)
+		got, err := c.GetAuto(key, buf)
+		if errors.Is(err, client.ErrBufferTooSmall) {
+			continue
+		}
+		if err != nil {
+			return report(stderr, err, nil)
+		}
+		if out == "-" {
+			_, err = stdout.Write(buf[:got])
+		} else {
+			err = os.WriteFile(out, buf[:got], 0o644)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "dfkvctl:", err)
+			return exitError
+		}
+		return exitOK
+	}
+	fmt.Fprintln(stderr, "dfkvctl: value kept changing size")
+	return exitError
+}
+
+func report(stderr io.Writer, err error, ok func()) int {
+	switch {
+	case err == nil:
+		if ok != nil {
+			ok()
+		}
+		return exitOK
+	case errors.Is(err, client.ErrNotFound):
+		fmt.Fprintln(stderr, "dfkvctl: not found")
+		return exitMiss
+	default:
+		fmt.Fprintln(stderr, "dfkvctl:", err)
+		return exitError
+	}
+}

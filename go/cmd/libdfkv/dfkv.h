@@ -1,0 +1,111 @@
+/*
+ * dfkv.h — the dfkv C ABI, version 2.
+ *
+ * A stable, no-throw C interface to the dfkv client (libdfkv.so). Every function is safe
+ * to call from any thread. Keys are (pointer, exact length) pairs and may contain NUL or
+ * any other byte; values are opaque raw bytes. Buffers passed in are read or written only
+ * during the call and never retained.
+ *
+ * Return conventions
+ *   int dfkv_put / batch calls:   0 = success, -1 = failure
+ *   int dfkv_get / get_auto / exist / remove:  1 = hit/done, 0 = miss or failure
+ *   per-item output arrays (out_*): every slot starts as failure (0 or -1 as documented)
+ *   and is set only when that item's outcome is known.
+ */
+#ifndef DFKV_H
+#define DFKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DFKV_ABI_VERSION 2u
+
+/* dfkv_client_options_v2.flags */
+#define DFKV_CLIENT_OPT_REGISTER_WITH_MDS (1u << 0)
+
+typedef struct dfkv_client* dfkv_client_t;
+
+/*
+ * Construction options. Set struct_size = sizeof(dfkv_client_options_v2) and
+ * abi_version = DFKV_ABI_VERSION; zero every field you do not use. dfkv_open_v2 copies
+ * everything it needs: the struct and its strings may be freed after the call.
+ */
+typedef struct dfkv_client_options_v2 {
+  uint32_t struct_size;
+  uint32_t abi_version;          /* = 2 */
+  const char* members;           /* "id=host:port[@weight],..." static membership, or NULL */
+  const void* key_namespace;     /* binary namespace bytes (may contain NUL) */
+  uint64_t key_namespace_len;
+  uint64_t batch_concurrency;    /* 0 = auto */
+  const char* mds_endpoints;     /* "host:port,..." MDS replicas, or NULL */
+  const char* mds_group;         /* NULL = "default" */
+  int32_t mds_poll_ms;           /* <= 0 = default (3000) */
+  uint32_t flags;                /* DFKV_CLIENT_OPT_* */
+  const char* client_id;         /* registration id; NULL = generated */
+  const char* client_info;       /* "k=v,..." shown by dfkvctl clients */
+  int32_t client_heartbeat_ms;   /* <= 0 = default */
+  uint32_t reserved0;            /* must be 0 */
+} dfkv_client_options_v2;
+
+/* Returns NULL for NULL options, a short struct_size, abi_version != 2, unknown flags,
+ * nonzero reserved0, or neither members nor mds_endpoints. */
+dfkv_client_t dfkv_open_v2(const dfkv_client_options_v2* options);
+void dfkv_close(dfkv_client_t c);
+
+/* Single-key operations. Zero-length values are rejected. */
+int dfkv_put(dfkv_client_t c, const void* key, uint64_t key_len, const void* value, uint64_t n);
+/* 1 only when the stored value is exactly n bytes (written to buf). */
+int dfkv_get(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint64_t n);
+/* 1 when the stored value fits in cap bytes; *out_len receives its length. */
+int dfkv_get_auto(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint64_t cap,
+                  uint64_t* out_len);
+int dfkv_exist(dfkv_client_t c, const void* key, uint64_t key_len);
+int dfkv_remove(dfkv_client_t c, const void* key, uint64_t key_len);
+
+/* Batch operations: parallel arrays of n items. Return 0 when the call itself ran (see the
+ * per-item outputs), -1 when it could not (bad arguments, closed client). Items are fanned
+ * out concurrently across nodes. out_ok[i] is 1 on success/hit, 0 otherwise. */
+int dfkv_batch_put(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                   const void* const* values, const uint64_t* value_lens, int n, int* out_ok);
+int dfkv_batch_get(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                   void* const* bufs, const uint64_t* lens, int n, int* out_ok);
+int dfkv_batch_get_auto(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                        void* const* bufs, const uint64_t* caps, int n, int* out_ok,
+                        uint64_t* out_lens);
+int dfkv_batch_exist(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens, int n,
+                     int* out_ok);
+int dfkv_batch_remove(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens, int n,
+                      int* out_ok);
+
+/* Scatter-gather: item i is one stored value made of seg_counts[i] segments
+ * (seg_ptrs[i][j], seg_lens[i][j]) concatenated in order. seg_counts[i] must be
+ * 1..dfkv_max_sg_segs(c). get_auto_sg scatters a value of at most sum(seg_lens[i]) bytes
+ * across the segments in order and reports its length in out_lens[i]. */
+int dfkv_batch_put_sg(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                      const void* const* const* seg_ptrs, const uint64_t* const* seg_lens,
+                      const uint32_t* seg_counts, int n, int* out_ok);
+int dfkv_batch_get_auto_sg(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                           void* const* const* seg_ptrs, const uint64_t* const* seg_lens,
+                           const uint32_t* seg_counts, int n, int* out_ok, uint64_t* out_lens);
+uint32_t dfkv_max_sg_segs(dfkv_client_t c);
+
+/* Memory registration for RDMA transports; a no-op success (0) on TCP. */
+int dfkv_register_memory(dfkv_client_t c, void* base, uint64_t size);
+/* "tcp" or "rdma"; static storage, never NULL ("closed" for a NULL client). */
+const char* dfkv_transport_mode(dfkv_client_t c);
+
+/* Prometheus text of the client's metrics. Writes at most cap bytes (no NUL) and returns the
+ * full length, so cap = 0 asks for the size. */
+uint64_t dfkv_stats_snapshot(dfkv_client_t c, char* buf, uint64_t cap);
+/* Library version, static storage. */
+const char* dfkv_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFKV_H */

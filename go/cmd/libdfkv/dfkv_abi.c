@@ -1,0 +1,78 @@
+// The public dfkv_* C ABI: each function forwards to its Go export. Compiling this file
+// against dfkv.h makes the compiler check the header's prototypes against the real entry
+// points. Handles are opaque integers from the Go handle table, never Go pointers.
+#include "dfkv.h"
+#include "_cgo_export.h"
+
+#define H(c) ((uintptr_t)(c))
+
+dfkv_client_t dfkv_open_v2(const dfkv_client_options_v2* o) {
+  return (dfkv_client_t)dfkvgo_open_v2((dfkv_client_options_v2*)o);
+}
+void dfkv_close(dfkv_client_t c) { dfkvgo_close(H(c)); }
+
+int dfkv_put(dfkv_client_t c, const void* key, uint64_t key_len, const void* value, uint64_t n) {
+  return dfkvgo_put(H(c), (void*)key, key_len, (void*)value, n);
+}
+int dfkv_get(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint64_t n) {
+  return dfkvgo_get(H(c), (void*)key, key_len, buf, n);
+}
+int dfkv_get_auto(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint64_t cap,
+                  uint64_t* out_len) {
+  return dfkvgo_get_auto(H(c), (void*)key, key_len, buf, cap, out_len);
+}
+int dfkv_exist(dfkv_client_t c, const void* key, uint64_t key_len) {
+  return dfkvgo_exist(H(c), (void*)key, key_len);
+}
+int dfkv_remove(dfkv_client_t c, const void* key, uint64_t key_len) {
+  return dfkvgo_remove(H(c), (void*)key, key_len);
+}
+
+int dfkv_batch_put(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                   const void* const* values, const uint64_t* value_lens, int n, int* out_ok) {
+  return dfkvgo_batch_put(H(c), (void**)keys, (uint64_t*)key_lens, (void**)values,
+                          (uint64_t*)value_lens, n, out_ok);
+}
+int dfkv_batch_get(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                   void* const* bufs, const uint64_t* lens, int n, int* out_ok) {
+  return dfkvgo_batch_get(H(c), (void**)keys, (uint64_t*)key_lens, (void**)bufs, (uint64_t*)lens,
+                          n, out_ok);
+}
+int dfkv_batch_get_auto(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                        void* const* bufs, const uint64_t* caps, int n, int* out_ok,
+                        uint64_t* out_lens) {
+  return dfkvgo_batch_get_auto(H(c), (void**)keys, (uint64_t*)key_lens, (void**)bufs,
+                               (uint64_t*)caps, n, out_ok, out_lens);
+}
+int dfkv_batch_exist(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens, int n,
+                     int* out_ok) {
+  return dfkvgo_batch_exist(H(c), (void**)keys, (uint64_t*)key_lens, n, out_ok);
+}
+int dfkv_batch_remove(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens, int n,
+                      int* out_ok) {
+  return dfkvgo_batch_remove(H(c), (void**)keys, (uint64_t*)key_lens, n, out_ok);
+}
+
+int dfkv_batch_put_sg(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                      const void* const* const* seg_ptrs, const uint64_t* const* seg_lens,
+                      const uint32_t* seg_counts, int n, int* out_ok) {
+  return dfkvgo_batch_put_sg(H(c), (void**)keys, (uint64_t*)key_lens, (void***)seg_ptrs,
+                             (uint64_t**)seg_lens, (uint32_t*)seg_counts, n, out_ok);
+}
+int dfkv_batch_get_auto_sg(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                           void* const* const* seg_ptrs, const uint64_t* const* seg_lens,
+                           const uint32_t* seg_counts, int n, int* out_ok, uint64_t* out_lens) {
+  return dfkvgo_batch_get_auto_sg(H(c), (void**)keys, (uint64_t*)key_lens, (void***)seg_ptrs,
+                                  (uint64_t**)seg_lens, (uint32_t*)seg_counts, n, out_ok,
+                                  out_lens);
+}
+uint32_t dfkv_max_sg_segs(dfkv_client_t c) { return dfkvgo_max_sg_segs(H(c)); }
+
+int dfkv_register_memory(dfkv_client_t c, void* base, uint64_t size) {
+  return dfkvgo_register_memory(H(c), base, size);
+}
+const char* dfkv_transport_mode(dfkv_client_t c) { return dfkvgo_transport_mode(H(c)); }
+uint64_t dfkv_stats_snapshot(dfkv_client_t c, char* buf, uint64_t cap) {
+  return dfkvgo_stats_snapshot(H(c), buf, cap);
+}
+const char* dfkv_version(void) { return dfkvgo_version(); }

@@ -1,0 +1,475 @@
+// Command libdfkv builds libdfkv.so, the dfkv C ABI v2 (dfkv.h):
+//
+//	go build -buildmode=c-shared -o libdfkv.so ./go/cmd/libdfkv
+//
+// The public dfkv_* symbols are thin C functions in dfkv_abi.c, compiled against the
+// checked-in dfkv.h so the header is the contract the compiler enforces. They call the Go
+// exports below (dfkvgo_*), which only turn C pointers into Go slices for the duration of
+// the call and hand off to package cabi. Every export recovers panics into a failure
+// return: a Go panic never crosses into C.
+package main
+
+/*
+#cgo CFLAGS: -O2 -Wall
+#include <stdint.h>
+#include <stdlib.h>
+#include "dfkv.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/dfkv/dfkv/go/cabi"
+)
+
+func main() {}
+
+// maxKey bounds a key length so that a garbage length cannot make Go touch gigabytes of C
+// memory; real keys are far smaller.
+const maxKey = 1 << 24
+
+// maxItems bounds a batch's n.
+const maxItems = 1 << 20
+
+func handle(c C.uintptr_t) *cabi.Handle { return cabi.Lookup(uint64(c)) }
+
+func bytesOf(p unsafe.Pointer, n C.uint64_t) ([]byte, bool) {
+	if n == 0 {
+		return []byte{}, true
+	}
+	if p == nil || uint64(n) > 1<<40 {
+		return nil, false
+	}
+	return unsafe.Slice((*byte)(p), int(n)), true
+}
+
+func keyOf(p unsafe.Pointer, n C.uint64_t) ([]byte, bool) {
+	if uint64(n) > maxKey {
+		return nil, false
+	}
+	return bytesOf(p, n)
+}
+
+func cstr(p *C.char) string {
+	if p == nil {
+		return ""
+	}
+	return C.GoString(p)
+}
+
+//export dfkvgo_open_v2
+func dfkvgo_open_v2(o *C.dfkv_client_options_v2) (id C.uintptr_t) {
+	defer func() {
+		if recover() != nil {
+			id = 0
+		}
+	}()
+	if o == nil {
+		return 0
+	}
+	// Read struct_size first: a caller with an older, shorter struct must not make us read
+	// past its end.
+	size := uint32(o.struct_size)
+	if size < cabi.OptionsSize {
+		return 0
+	}
+	ns, ok := bytesOf(o.key_namespace, o.key_namespace_len)
+	if !ok {
+		return 0
+	}
+	opts := &cabi.Options{
+		StructSize: size, ABIVersion: uint32(o.abi_version), Members: cstr(o.members),
+		Namespace: append([]byte(nil), ns...), BatchConcurrency: uint64(o.batch_concurrency),
+		MDSEndpoints: cstr(o.mds_endpoints), MDSGroup: cstr(o.mds_group), MDSPollMS: int32(o.mds_poll_ms),
+		Flags: uint32(o.flags), ClientID: cstr(o.client_id), ClientInfo: cstr(o.client_info),
+		ClientHeartbeatMS: int32(o.client_heartbeat_ms), Reserved0: uint32(o.reserved0),
+	}
+	return C.uintptr_t(cabi.Open(opts))
+}
+
+//export dfkvgo_close
+func dfkvgo_close(c C.uintptr_t) {
+	defer func() { _ = recover() }()
+	cabi.Close(uint64(c))
+}
+
+//export dfkvgo_put
+func dfkvgo_put(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t, val unsafe.Pointer, n C.uint64_t) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	h := handle(c)
+	k, ok1 := keyOf(key, keyLen)
+	v, ok2 := bytesOf(val, n)
+	if h == nil || !ok1 || !ok2 {
+		return -1
+	}
+	return C.int(h.Put(k, v))
+}
+
+//export dfkvgo_get
+func dfkvgo_get(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t, buf unsafe.Pointer, n C.uint64_t) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = 0
+		}
+	}()
+	h := handle(c)
+	k, ok1 := keyOf(key, keyLen)
+	b, ok2 := bytesOf(buf, n)
+	if h == nil || !ok1 || !ok2 {
+		return 0
+	}
+	return C.int(h.Get(k, b))
+}
+
+//export dfkvgo_get_auto
+func dfkvgo_get_auto(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t, buf unsafe.Pointer, capacity C.uint64_t, outLen *C.uint64_t) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = 0
+		}
+	}()
+	if outLen != nil {
+		*outLen = 0
+	}
+	h := handle(c)
+	k, ok1 := keyOf(key, keyLen)
+	b, ok2 := bytesOf(buf, capacity)
+	if h == nil || !ok1 || !ok2 {
+		return 0
+	}
+	r, n := h.GetAuto(k, b)
+	if outLen != nil {
+		*outLen = C.uint64_t(n)
+	}
+	return C.int(r)
+}
+
+//export dfkvgo_exist
+func dfkvgo_exist(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = 0
+		}
+	}()
+	h := handle(c)
+	k, ok := keyOf(key, keyLen)
+	if h == nil || !ok {
+		return 0
+	}
+	return C.int(h.Exist(k))
+}
+
+//export dfkvgo_remove
+func dfkvgo_remove(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = 0
+		}
+	}()
+	h := handle(c)
+	k, ok := keyOf(key, keyLen)
+	if h == nil || !ok {
+		return 0
+	}
+	return C.int(h.Remove(k))
+}
+
+// outs returns the per-item output slices, set to failure before anything else can fail.
+func outs(n C.int, outOK *C.int, outLens *C.uint64_t) ([]int32, []uint64, bool) {
+	if n < 0 || n > maxItems {
+		return nil, nil, false
+	}
+	var ok []int32
+	var lens []uint64
+	if outOK != nil {
+		ok = unsafe.Slice((*int32)(unsafe.Pointer(outOK)), int(n))
+		for i := range ok {
+			ok[i] = 0
+		}
+	}
+	if outLens != nil {
+		lens = unsafe.Slice((*uint64)(unsafe.Pointer(outLens)), int(n))
+		for i := range lens {
+			lens[i] = 0
+		}
+	}
+	return ok, lens, outOK != nil
+}
+
+// keyList converts parallel key arrays.
+func keyList(keys *unsafe.Pointer, keyLens *C.uint64_t, n C.int) ([][]byte, bool) {
+	if n == 0 {
+		return [][]byte{}, true
+	}
+	if keys == nil || keyLens == nil {
+		return nil, false
+	}
+	ps := unsafe.Slice(keys, int(n))
+	ls := unsafe.Slice(keyLens, int(n))
+	out := make([][]byte, n)
+	for i := range out {
+		k, ok := keyOf(ps[i], ls[i])
+		if !ok {
+			return nil, false
+		}
+		out[i] = k
+	}
+	return out, true
+}
+
+func bufList(ptrs *unsafe.Pointer, lens *C.uint64_t, n C.int) ([][]byte, bool) {
+	if n == 0 {
+		return [][]byte{}, true
+	}
+	if ptrs == nil || lens == nil {
+		return nil, false
+	}
+	ps := unsafe.Slice(ptrs, int(n))
+	ls := unsafe.Slice(lens, int(n))
+	out := make([][]byte, n)
+	for i := range out {
+		// A NULL or empty buffer makes only that item fail (cabi rejects empty values).
+		b, ok := bytesOf(ps[i], ls[i])
+		if !ok {
+			b = []byte{}
+		}
+		out[i] = b
+	}
+	return out, true
+}
+
+func segList(segPtrs **unsafe.Pointer, segLens **C.uint64_t, counts *C.uint32_t, n C.int, maxSegs uint32) ([][][]byte, bool) {
+	if n == 0 {
+		return [][][]byte{}, true
+	}
+	if segPtrs == nil || segLens == nil || counts == nil {
+		return nil, false
+	}
+	pp := unsafe.Slice(segPtrs, int(n))
+	ll := unsafe.Slice(segLens, int(n))
+	cc := unsafe.Slice(counts, int(n))
+	out := make([][][]byte, n)
+	for i := range out {
+		cnt := uint32(cc[i])
+		if cnt == 0 || cnt > maxSegs || pp[i] == nil || ll[i] == nil {
+			out[i] = nil // the item fails; the rest go on
+			continue
+		}
+		ps := unsafe.Slice(pp[i], int(cnt))
+		ls := unsafe.Slice(ll[i], int(cnt))
+		segs := make([][]byte, cnt)
+		for j := range segs {
+			b, ok := bytesOf(ps[j], ls[j])
+			if !ok {
+				segs = nil
+				break
+			}
+			segs[j] = b
+		}
+		out[i] = segs
+	}
+	return out, true
+}
+
+//export dfkvgo_batch_put
+func dfkvgo_batch_put(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, vals *unsafe.Pointer, valLens *C.uint64_t, n C.int, outOK *C.int) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	ok, _, have := outs(n, outOK, nil)
+	h := handle(c)
+	ks, ok1 := keyList(keys, keyLens, n)
+	vs, ok2 := bufList(vals, valLens, n)
+	if h == nil || !have || !ok1 || !ok2 {
+		return -1
+	}
+	return C.int(h.BatchPut(ks, vs, ok))
+}
+
+//export dfkvgo_batch_get
+func dfkvgo_batch_get(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, bufs *unsafe.Pointer, lens *C.uint64_t, n C.int, outOK *C.int) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	ok, _, have := outs(n, outOK, nil)
+	h := handle(c)
+	ks, ok1 := keyList(keys, keyLens, n)
+	bs, ok2 := bufList(bufs, lens, n)
+	if h == nil || !have || !ok1 || !ok2 {
+		return -1
+	}
+	return C.int(h.BatchGet(ks, bs, ok))
+}
+
+//export dfkvgo_batch_get_auto
+func dfkvgo_batch_get_auto(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, bufs *unsafe.Pointer, caps *C.uint64_t, n C.int, outOK *C.int, outLens *C.uint64_t) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	ok, lens, have := outs(n, outOK, outLens)
+	h := handle(c)
+	ks, ok1 := keyList(keys, keyLens, n)
+	bs, ok2 := bufList(bufs, caps, n)
+	if h == nil || !have || lens == nil && n > 0 || !ok1 || !ok2 {
+		return -1
+	}
+	return C.int(h.BatchGetAuto(ks, bs, ok, lens))
+}
+
+//export dfkvgo_batch_exist
+func dfkvgo_batch_exist(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, n C.int, outOK *C.int) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	ok, _, have := outs(n, outOK, nil)
+	h := handle(c)
+	ks, ok1 := keyList(keys, keyLens, n)
+	if h == nil || !have || !ok1 {
+		return -1
+	}
+	return C.int(h.BatchExist(ks, ok))
+}
+
+//export dfkvgo_batch_remove
+func dfkvgo_batch_remove(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, n C.int, outOK *C.int) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	ok, _, have := outs(n, outOK, nil)
+	h := handle(c)
+	ks, ok1 := keyList(keys, keyLens, n)
+	if h == nil || !have || !ok1 {
+		return -1
+	}
+	return C.int(h.BatchRemove(ks, ok))
+}
+
+//export dfkvgo_batch_put_sg
+func dfkvgo_batch_put_sg(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, segPtrs **unsafe.Pointer, segLens **C.uint64_t, counts *C.uint32_t, n C.int, outOK *C.int) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	ok, _, have := outs(n, outOK, nil)
+	h := handle(c)
+	if h == nil || !have {
+		return -1
+	}
+	ks, ok1 := keyList(keys, keyLens, n)
+	ss, ok2 := segList(segPtrs, segLens, counts, n, h.MaxSGSegs())
+	if !ok1 || !ok2 {
+		return -1
+	}
+	return C.int(h.BatchPutSG(ks, ss, ok))
+}
+
+//export dfkvgo_batch_get_auto_sg
+func dfkvgo_batch_get_auto_sg(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, segPtrs **unsafe.Pointer, segLens **C.uint64_t, counts *C.uint32_t, n C.int, outOK *C.int, outLens *C.uint64_t) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	ok, lens, have := outs(n, outOK, outLens)
+	h := handle(c)
+	if h == nil || !have || lens == nil && n > 0 {
+		return -1
+	}
+	ks, ok1 := keyList(keys, keyLens, n)
+	ss, ok2 := segList(segPtrs, segLens, counts, n, h.MaxSGSegs())
+	if !ok1 || !ok2 {
+		return -1
+	}
+	return C.int(h.BatchGetAutoSG(ks, ss, ok, lens))
+}
+
+//export dfkvgo_max_sg_segs
+func dfkvgo_max_sg_segs(c C.uintptr_t) (n C.uint32_t) {
+	defer func() {
+		if recover() != nil {
+			n = 0
+		}
+	}()
+	if h := handle(c); h != nil {
+		return C.uint32_t(h.MaxSGSegs())
+	}
+	return 0
+}
+
+//export dfkvgo_register_memory
+func dfkvgo_register_memory(c C.uintptr_t, base unsafe.Pointer, size C.uint64_t) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	if h := handle(c); h != nil {
+		return C.int(h.RegisterMemory(uintptr(base), uint64(size)))
+	}
+	return -1
+}
+
+// Static C strings for dfkv_transport_mode and dfkv_version: allocated once, never freed,
+// so the pointers stay valid for the life of the process.
+var (
+	cTCP     = C.CString("tcp")
+	cRDMA    = C.CString("rdma")
+	cClosed  = C.CString("closed")
+	cVersion = C.CString(cabi.Version())
+)
+
+//export dfkvgo_transport_mode
+func dfkvgo_transport_mode(c C.uintptr_t) (s *C.char) {
+	defer func() {
+		if recover() != nil {
+			s = cClosed
+		}
+	}()
+	h := handle(c)
+	switch {
+	case h == nil:
+		return cClosed
+	case h.TransportMode() == "rdma":
+		return cRDMA
+	default:
+		return cTCP
+	}
+}
+
+//export dfkvgo_stats_snapshot
+func dfkvgo_stats_snapshot(c C.uintptr_t, buf *C.char, capacity C.uint64_t) (n C.uint64_t) {
+	defer func() {
+		if recover() != nil {
+			n = 0
+		}
+	}()
+	h := handle(c)
+	if h == nil {
+		return 0
+	}
+	text := h.StatsSnapshot()
+	if buf != nil && capacity > 0 {
+		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(min(uint64(capacity), uint64(len(text)))))
+		copy(dst, text)
+	}
+	return C.uint64_t(len(text))
+}
+
+//export dfkvgo_version
+func dfkvgo_version() *C.char { return cVersion }

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package server
+
+import "syscall"
+
+var errTooManyFiles error = syscall.EMFILE

@@ -1,0 +1,1 @@
+"""FlatBuffers code generated from schema/*.fbs by tools/gen.sh. Do not edit."""
