@@ -32,8 +32,8 @@ const (
 	FlagExact uint8 = 1 << 0
 	// FlagCap: Length is a capacity; a stored value longer than it is refused (Invalid with
 	// ValueLen set), otherwise the whole value is returned.
-	FlagCap uint8 = 1 << 1
-	knownFlags      = FlagExact | FlagCap
+	FlagCap    uint8 = 1 << 1
+	knownFlags       = FlagExact | FlagCap
 )
 
 // Op and Status are the generated enums; re-exported so callers need not import fb.
