@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCProgram builds libdfkv.so and a real dfkv_server, compiles testdata/abi_test.c with
+// gcc against the checked-in dfkv.h, and runs it against the server.
+func TestCProgram(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds the shared library and a C program")
+	}
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Fatal("gcc not found: the C ABI test needs a C compiler")
+	}
+	dir := t.TempDir()
+	run := func(name string, args ...string) {
+		t.Helper()
+		cmd := exec.Command(name, args...)
+		cmd.Dir = "../../.."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+	}
+	run("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "libdfkv.so"), "./go/cmd/libdfkv")
+	run("go", "build", "-o", filepath.Join(dir, "dfkv_server"), "./go/cmd/server")
+	run(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-Igo/cmd/libdfkv", "-o", filepath.Join(dir, "abi_test"),
+		"go/cmd/libdfkv/testdata/abi_test.c", "-L"+dir, "-ldfkv", "-Wl,-rpath,"+dir)
+
+	addrFile := filepath.Join(dir, "addr")
+	srv := exec.Command(filepath.Join(dir, "dfkv_server"), "--host", "127.0.0.1", "--port", "0", "--addr-file", addrFile,
+		"--dir", filepath.Join(dir, "data"), "--cap", "256MiB", "--log-level", "warn")
+	srv.Stderr = os.Stderr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	addr := waitAddr(t, addrFile)
+
+	cmd := exec.Command(filepath.Join(dir, "abi_test"))
+	cmd.Env = append(os.Environ(), "DFKV_TEST_ADDR="+addr)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("C ABI test program failed: %v", err)
+	}
+	last := ""
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		last = sc.Text()
+	}
+	if !strings.HasSuffix(last, " 0 failed") || strings.HasPrefix(last, "0 passed") {
+		t.Fatalf("unexpected summary %q", last)
+	}
+}
+
+func waitAddr(t *testing.T, path string) string {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+			return strings.TrimSpace(string(b))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("server did not write its address")
+	return ""
+}

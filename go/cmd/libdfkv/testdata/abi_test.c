@@ -1,0 +1,213 @@
+/* Exercises every dfkv.h function against a running dfkv_server (address in DFKV_TEST_ADDR),
+ * including the error paths. Prints one line per failed check and a final
+ * "N passed, M failed" line; exits nonzero on any failure. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfkv.h"
+
+static int passed, failed;
+#define CHECK(cond, ...)                                     \
+  do {                                                       \
+    if (cond) {                                              \
+      passed++;                                              \
+    } else {                                                 \
+      failed++;                                              \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);   \
+      fprintf(stderr, __VA_ARGS__);                          \
+      fputc('\n', stderr);                                   \
+    }                                                        \
+  } while (0)
+
+static dfkv_client_options_v2 base_options(const char* members, const void* ns, size_t ns_len) {
+  dfkv_client_options_v2 o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.abi_version = DFKV_ABI_VERSION;
+  o.members = members;
+  o.key_namespace = ns;
+  o.key_namespace_len = ns_len;
+  return o;
+}
+
+static void fill(unsigned char* p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(seed * 131u + i * 7u + (i >> 8));
+}
+
+int main(void) {
+  const char* addr = getenv("DFKV_TEST_ADDR");
+  if (!addr) {
+    fprintf(stderr, "DFKV_TEST_ADDR not set\n");
+    return 2;
+  }
+  char members[256];
+  snprintf(members, sizeof members, "n1=%s", addr);
+  CHECK(sizeof(dfkv_client_options_v2) == 88, "options struct is %zu bytes", sizeof(dfkv_client_options_v2));
+
+  /* ---- dfkv_open_v2 refusals ---- */
+  const char ns1[] = "tenant\0model-a";
+  dfkv_client_options_v2 o = base_options(members, ns1, sizeof ns1 - 1);
+  CHECK(dfkv_open_v2(NULL) == NULL, "NULL options accepted");
+  o.struct_size = 40;
+  CHECK(dfkv_open_v2(&o) == NULL, "short struct accepted");
+  o.struct_size = sizeof o;
+  o.abi_version = 1;
+  CHECK(dfkv_open_v2(&o) == NULL, "abi_version 1 accepted");
+  o.abi_version = DFKV_ABI_VERSION;
+  o.flags = 1u << 7;
+  CHECK(dfkv_open_v2(&o) == NULL, "unknown flag accepted");
+  o.flags = 0;
+  o.reserved0 = 1;
+  CHECK(dfkv_open_v2(&o) == NULL, "nonzero reserved0 accepted");
+  o.reserved0 = 0;
+  o.members = NULL;
+  CHECK(dfkv_open_v2(&o) == NULL, "neither members nor MDS accepted");
+  o.members = members;
+
+  dfkv_client_t c = dfkv_open_v2(&o);
+  CHECK(c != NULL, "open failed");
+  if (!c) goto done;
+  const char ns2[] = "tenant\0model-b";
+  dfkv_client_options_v2 o2 = base_options(members, ns2, sizeof ns2 - 1);
+  dfkv_client_t c2 = dfkv_open_v2(&o2);
+  CHECK(c2 != NULL, "second open failed");
+
+  CHECK(strcmp(dfkv_transport_mode(c), "tcp") == 0, "transport %s", dfkv_transport_mode(c));
+  CHECK(dfkv_version() != NULL && dfkv_version()[0] != '\0', "empty version");
+  unsigned char region[4096];
+  CHECK(dfkv_register_memory(c, region, sizeof region) == 0, "register_memory on tcp");
+
+  /* ---- single ops with binary keys ---- */
+  const unsigned char key[] = {'k', 0, 1, 0xff, 0};
+  size_t n = 300000;
+  unsigned char* val = malloc(n);
+  unsigned char* got = malloc(n + 100);
+  fill(val, n, 1);
+  CHECK(dfkv_put(c, key, sizeof key, val, n) == 0, "put");
+  CHECK(dfkv_put(c, key, sizeof key, val, 0) == -1, "zero-length put accepted");
+  CHECK(dfkv_exist(c, key, sizeof key) == 1, "exist");
+  CHECK(dfkv_exist(c, key, sizeof key - 1) == 0, "prefix of a binary key exists");
+  CHECK(dfkv_exist(c2, key, sizeof key) == 0, "namespace isolation broken");
+  memset(got, 0, n);
+  CHECK(dfkv_get(c, key, sizeof key, got, n) == 1 && memcmp(got, val, n) == 0, "exact get");
+  CHECK(dfkv_get(c, key, sizeof key, got, n + 1) == 0, "exact get with a larger size hit");
+  CHECK(dfkv_get(c, key, sizeof key, got, n - 1) == 0, "exact get with a smaller size hit");
+  uint64_t out_len = 12345;
+  memset(got, 0, n);
+  CHECK(dfkv_get_auto(c, key, sizeof key, got, n + 100, &out_len) == 1 && out_len == n && memcmp(got, val, n) == 0,
+        "get_auto");
+  CHECK(dfkv_get_auto(c, key, sizeof key, got, n - 1, &out_len) == 0 && out_len == 0, "cap too small is not a miss");
+  CHECK(dfkv_get(c2, key, sizeof key, got, n) == 0, "get across namespaces");
+  CHECK(dfkv_remove(c, key, sizeof key) == 1, "remove");
+  CHECK(dfkv_remove(c, key, sizeof key) == 0, "second remove");
+  CHECK(dfkv_get(c, key, sizeof key, got, n) == 0, "get after remove");
+
+  /* ---- batches with mixed hits and misses ---- */
+  enum { N = 6 };
+  char kbuf[N][8];
+  const void* keys[N];
+  uint64_t klens[N];
+  unsigned char* vals[N];
+  uint64_t vlens[N];
+  int ok[N];
+  for (int i = 0; i < N; i++) {
+    snprintf(kbuf[i], sizeof kbuf[i], "b%d", i);
+    keys[i] = kbuf[i];
+    klens[i] = strlen(kbuf[i]);
+    vlens[i] = 1000 + 5000 * (uint64_t)i;
+    vals[i] = malloc(vlens[i]);
+    fill(vals[i], vlens[i], 10 + i);
+  }
+  vlens[3] = 0; /* an invalid item fails alone */
+  for (int i = 0; i < N; i++) ok[i] = 9;
+  CHECK(dfkv_batch_put(c, keys, klens, (const void* const*)vals, vlens, N, ok) == 0, "batch_put");
+  for (int i = 0; i < N; i++) CHECK(ok[i] == (i != 3), "batch_put item %d ok=%d", i, ok[i]);
+  vlens[3] = 1000 + 5000 * 3;
+  void* bufs[N];
+  for (int i = 0; i < N; i++) bufs[i] = calloc(1, vlens[i] + 10);
+  CHECK(dfkv_batch_get(c, keys, klens, bufs, vlens, N, ok) == 0, "batch_get");
+  for (int i = 0; i < N; i++)
+    CHECK(ok[i] == (i != 3) && (i == 3 || memcmp(bufs[i], vals[i], vlens[i]) == 0), "batch_get item %d", i);
+  uint64_t caps[N], lens[N];
+  for (int i = 0; i < N; i++) caps[i] = vlens[i] + 10;
+  caps[1] = 10; /* too small: a miss */
+  CHECK(dfkv_batch_get_auto(c, keys, klens, bufs, caps, N, ok, lens) == 0, "batch_get_auto");
+  for (int i = 0; i < N; i++) {
+    int want = i != 3 && i != 1;
+    CHECK(ok[i] == want && lens[i] == (want ? vlens[i] : 0), "batch_get_auto item %d ok=%d len=%llu", i, ok[i],
+          (unsigned long long)lens[i]);
+  }
+  CHECK(dfkv_batch_exist(c, keys, klens, N, ok) == 0, "batch_exist");
+  for (int i = 0; i < N; i++) CHECK(ok[i] == (i != 3), "batch_exist item %d", i);
+  CHECK(dfkv_batch_remove(c, keys, klens, N, ok) == 0, "batch_remove");
+  for (int i = 0; i < N; i++) CHECK(ok[i] == (i != 3), "batch_remove item %d", i);
+  CHECK(dfkv_batch_exist(c, keys, klens, N, ok) == 0 && ok[0] == 0, "exist after batch_remove");
+  CHECK(dfkv_batch_get(c, keys, klens, bufs, vlens, -1, ok) == -1, "negative n accepted");
+  CHECK(dfkv_batch_get(c, keys, klens, bufs, vlens, N, NULL) == -1, "NULL out_ok accepted");
+
+  /* ---- scatter-gather with uneven segments ---- */
+  uint32_t maxsegs = dfkv_max_sg_segs(c);
+  CHECK(maxsegs >= 2, "max_sg_segs %u", maxsegs);
+  unsigned char whole[70001];
+  fill(whole, sizeof whole, 99);
+  const void* p0[3] = {whole, whole + 1, whole + 40000};
+  uint64_t l0[3] = {1, 39999, sizeof whole - 40000};
+  const char* sgk[2] = {"sg0", "sg1"};
+  uint64_t sgkl[2] = {3, 3};
+  /* item 1 claims more segments than allowed and must fail alone */
+  uint32_t counts[2] = {3, maxsegs + 1};
+  const void* const* segp[2] = {p0, p0};
+  const uint64_t* segl[2] = {l0, l0};
+  int sgok[2] = {9, 9};
+  CHECK(dfkv_batch_put_sg(c, (const void* const*)sgk, sgkl, segp, segl, counts, 2, sgok) == 0, "batch_put_sg");
+  CHECK(sgok[0] == 1 && sgok[1] == 0, "batch_put_sg items %d %d", sgok[0], sgok[1]);
+  unsigned char a[3], b[50000], cc[7], d[30000];
+  void* q0[4] = {a, b, cc, d};
+  uint64_t ql[4] = {sizeof a, sizeof b, sizeof cc, sizeof d};
+  void* const* segq[2] = {q0, q0};
+  const uint64_t* segql[2] = {ql, ql};
+  uint32_t qcounts[2] = {4, 4};
+  uint64_t sglens[2] = {7, 7};
+  CHECK(dfkv_batch_get_auto_sg(c, (const void* const*)sgk, sgkl, segq, segql, qcounts, 2, sgok, sglens) == 0,
+        "batch_get_auto_sg");
+  CHECK(sgok[0] == 1 && sglens[0] == sizeof whole && sgok[1] == 0 && sglens[1] == 0, "sg get items %d %llu %d", sgok[0],
+        (unsigned long long)sglens[0], sgok[1]);
+  unsigned char joined[sizeof a + sizeof b + sizeof cc + sizeof d];
+  memcpy(joined, a, sizeof a);
+  memcpy(joined + sizeof a, b, sizeof b);
+  memcpy(joined + sizeof a + sizeof b, cc, sizeof cc);
+  memcpy(joined + sizeof a + sizeof b + sizeof cc, d, sizeof d);
+  CHECK(memcmp(joined, whole, sizeof whole) == 0, "sg bytes differ");
+
+  /* ---- stats snapshot sizing ---- */
+  uint64_t need = dfkv_stats_snapshot(c, NULL, 0);
+  CHECK(need > 0, "stats size 0");
+  char* text = malloc(need + 1);
+  uint64_t again = dfkv_stats_snapshot(c, text, need);
+  CHECK(again >= need, "stats length shrank");
+  text[need] = '\0';
+  CHECK(strstr(text, "dfkv_client_ops_total") != NULL, "stats text lacks ops");
+  char small[8];
+  CHECK(dfkv_stats_snapshot(c, small, sizeof small) >= need, "truncated snapshot must still report the full size");
+  free(text);
+
+  dfkv_close(c2);
+  dfkv_close(c);
+  /* ---- calls on NULL / closed clients fail cleanly ---- */
+  CHECK(dfkv_put(NULL, key, sizeof key, val, n) == -1, "put on NULL client");
+  CHECK(dfkv_get(c, key, sizeof key, got, n) == 0, "get on closed client");
+  CHECK(dfkv_batch_exist(c, keys, klens, N, ok) == -1 && ok[0] == 0, "batch on closed client");
+  CHECK(strcmp(dfkv_transport_mode(c), "closed") == 0, "transport mode of a closed client");
+  CHECK(dfkv_max_sg_segs(c) == 0, "max_sg_segs of a closed client");
+  dfkv_close(c); /* double close is harmless */
+  for (int i = 0; i < N; i++) {
+    free(vals[i]);
+    free(bufs[i]);
+  }
+  free(val);
+  free(got);
+done:
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
