@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs every dfkv check and test, from a fresh machine: installs what is missing (Python
+# test packages; gcc from Debian if absent), checks formatting, vet and generated code,
+# builds every artifact, runs the Go tests with -race (unit, end-to-end with the real
+# binaries, the C ABI program), a short fuzz pass over every decoder, and the Python suite
+# against the real libdfkv.so and dfkv_server.
+#
+#   tools/test.sh            everything (what CI runs)
+#   tools/test.sh --quick    skip the race detector and the fuzz pass
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
+
+step "toolchain"
+command -v go >/dev/null || { echo "tools/test.sh: Go 1.26+ is required (https://go.dev/dl)"; exit 1; }
+go version
+need_apt=()
+command -v gcc >/dev/null || need_apt+=(gcc)
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v g++ >/dev/null || need_apt+=(g++)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing with apt-get: ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+py=${PYTHON:-python3}
+if ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
+  echo "installing Python test packages (pytest, numpy) with pip"
+  "$py" -m pip install -q pytest numpy
+fi
+
+step "gofmt and go vet"
+bad=$(gofmt -l $(git ls-files '*.go' | grep -v '_generated\.go$') 2>/dev/null || true)
+if [ -n "$bad" ]; then echo "gofmt would change:"; echo "$bad"; exit 1; fi
+go vet ./...
+
+step "generated FlatBuffers code is fresh"
+tools/gen.sh --check
+
+step "build"
+tools/build.sh
+export DFKV_BIN_DIR=$root/build DFKV_LIB=$root/build/libdfkv.so DFKV_SERVER=$root/build/dfkv_server
+
+step "go test"
+if [ $quick = 1 ]; then
+  go test -count=1 ./...
+else
+  go test -race -count=1 -timeout 20m ./...
+fi
+
+if [ $quick = 0 ]; then
+  step "fuzz every decoder briefly"
+  for pkg in $(go list ./go/...); do
+    dir=$(go list -f '{{.Dir}}' "$pkg")
+    for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //'); do
+      go test -run '^$' -fuzz "^${target}\$" -fuzztime "${DFKV_FUZZTIME:-5s}" "$pkg" | tail -1
+    done
+  done
+fi
+
+step "python tests"
+(cd python && "$py" -m pytest -q tests)
+
+step "all checks passed"
