@@ -1,0 +1,28 @@
+"""dfkv: Python binding and identity codec for the dfkv distributed KV cache.
+
+Importing this package never loads ``libdfkv.so`` (see ``dfkv._lib``): the library is loaded
+by the first ``Client(...)`` or ``version()`` call in the process that uses it, so engines may
+import dfkv in a parent process and fork workers safely.
+
+* ``Client`` / ``DfkvError`` / ``RawBuffer`` / ``version`` — the ctypes binding (``dfkv.client``)
+* ``dfkv.identity`` — object ids, tenant hashes, structured namespace and object-key codec
+* ``dfkv.ring`` — the weighted Ketama ring shared with the Go client
+"""
+
+from . import identity, ring
+from ._buffers import RawBuffer, nbytes_of
+from ._lib import DfkvError
+from ._version import __version__
+from .client import MAX_VALUE_SIZE, Client, version
+
+__all__ = [
+    "Client",
+    "DfkvError",
+    "MAX_VALUE_SIZE",
+    "RawBuffer",
+    "identity",
+    "nbytes_of",
+    "ring",
+    "version",
+    "__version__",
+]

@@ -1,0 +1,191 @@
+"""Locating and lazily loading ``libdfkv.so``, with ctypes prototypes for the whole C ABI v2.
+
+Nothing here touches the shared library at import time. ``libdfkv.so`` embeds a Go runtime,
+and a Go runtime does not survive ``fork()`` without ``exec``: inference engines import their
+connectors in a parent that then forks workers, so the library must be loaded only in the
+process that opens the first client (``load()``), and a process that inherited a loaded
+library through ``fork()`` must not call into it (``load()`` refuses with ``DfkvError``).
+Only one Go c-shared library can live in a process, so the library is loaded once.
+
+Search order (first hit wins; the error lists everything tried):
+
+1. ``$DFKV_LIB`` — an explicit path. When set it is the only candidate, so a typo fails
+   loudly instead of silently loading another copy.
+2. ``dfkv/lib/libdfkv.so`` inside the installed package (where a platform wheel puts it).
+3. ``build/libdfkv.so`` in the source tree, found by walking up from the package directory.
+
+The prototypes mirror ``go/cmd/libdfkv/dfkv.h`` exactly; that header is the contract.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from ctypes import (
+    POINTER,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from pathlib import Path
+from typing import List, Optional
+
+__all__ = [
+    "ABI_VERSION",
+    "CLIENT_OPT_REGISTER_WITH_MDS",
+    "ClientOptionsV2",
+    "DfkvError",
+    "LIB_NAME",
+    "candidates",
+    "is_loaded",
+    "load",
+    "loaded_path",
+]
+
+LIB_NAME = "libdfkv.so"
+ABI_VERSION = 2
+CLIENT_OPT_REGISTER_WITH_MDS = 1 << 0
+
+
+class DfkvError(Exception):
+    """Misuse of the binding: closed client, bad arguments, open or load failure.
+
+    Cache misses and failed operations are never exceptions (None / False instead).
+    """
+
+
+class ClientOptionsV2(ctypes.Structure):
+    """``dfkv_client_options_v2`` from dfkv.h, field for field (88 bytes on LP64)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("abi_version", c_uint32),
+        ("members", c_char_p),
+        ("key_namespace", c_void_p),
+        ("key_namespace_len", c_uint64),
+        ("batch_concurrency", c_uint64),
+        ("mds_endpoints", c_char_p),
+        ("mds_group", c_char_p),
+        ("mds_poll_ms", c_int32),
+        ("flags", c_uint32),
+        ("client_id", c_char_p),
+        ("client_info", c_char_p),
+        ("client_heartbeat_ms", c_int32),
+        ("reserved0", c_uint32),
+    ]
+
+
+# The C layout on LP64: 4+4+8+8+8+8+8+8+4+4+8+8+4+4 = 88 with no padding. A mismatch would
+# make the library read garbage (or reject the struct), so fail at import, not at open.
+if ctypes.sizeof(c_void_p) == 8:
+    assert ctypes.sizeof(ClientOptionsV2) == 88, ctypes.sizeof(ClientOptionsV2)
+
+
+_VP = POINTER(c_void_p)
+_U64P = POINTER(c_uint64)
+_IP = POINTER(c_int)
+
+# name -> (restype, argtypes); every function in dfkv.h, in header order.
+_PROTOTYPES = {
+    "dfkv_open_v2": (c_void_p, [POINTER(ClientOptionsV2)]),
+    "dfkv_close": (None, [c_void_p]),
+    "dfkv_put": (c_int, [c_void_p, c_void_p, c_uint64, c_void_p, c_uint64]),
+    "dfkv_get": (c_int, [c_void_p, c_void_p, c_uint64, c_void_p, c_uint64]),
+    "dfkv_get_auto": (c_int, [c_void_p, c_void_p, c_uint64, c_void_p, c_uint64, _U64P]),
+    "dfkv_exist": (c_int, [c_void_p, c_void_p, c_uint64]),
+    "dfkv_remove": (c_int, [c_void_p, c_void_p, c_uint64]),
+    "dfkv_batch_put": (c_int, [c_void_p, _VP, _U64P, _VP, _U64P, c_int, _IP]),
+    "dfkv_batch_get": (c_int, [c_void_p, _VP, _U64P, _VP, _U64P, c_int, _IP]),
+    "dfkv_batch_get_auto": (c_int, [c_void_p, _VP, _U64P, _VP, _U64P, c_int, _IP, _U64P]),
+    "dfkv_batch_exist": (c_int, [c_void_p, _VP, _U64P, c_int, _IP]),
+    "dfkv_batch_remove": (c_int, [c_void_p, _VP, _U64P, c_int, _IP]),
+    "dfkv_batch_put_sg": (
+        c_int,
+        [c_void_p, _VP, _U64P, POINTER(_VP), POINTER(_U64P), POINTER(c_uint32), c_int, _IP],
+    ),
+    "dfkv_batch_get_auto_sg": (
+        c_int,
+        [c_void_p, _VP, _U64P, POINTER(_VP), POINTER(_U64P), POINTER(c_uint32), c_int, _IP, _U64P],
+    ),
+    "dfkv_max_sg_segs": (c_uint32, [c_void_p]),
+    "dfkv_register_memory": (c_int, [c_void_p, c_void_p, c_uint64]),
+    "dfkv_transport_mode": (c_char_p, [c_void_p]),
+    "dfkv_stats_snapshot": (c_uint64, [c_void_p, c_char_p, c_uint64]),
+    "dfkv_version": (c_char_p, []),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+_lib_pid: Optional[int] = None
+
+
+def _package_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def candidates() -> List[str]:
+    """Paths ``load()`` would try, in order (explicit ``$DFKV_LIB`` stands alone)."""
+    env = os.environ.get("DFKV_LIB")
+    if env:
+        return [env]
+    pkg = _package_dir()
+    out = [str(pkg / "lib" / LIB_NAME)]
+    for parent in pkg.parents:
+        out.append(str(parent / "build" / LIB_NAME))
+    return out
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)  # AttributeError names a symbol the library lacks
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def load() -> ctypes.CDLL:
+    """Load libdfkv.so once per process and return it with prototypes declared."""
+    global _lib, _lib_path, _lib_pid
+    pid = os.getpid()
+    lib = _lib
+    if lib is not None and _lib_pid == pid:
+        return lib
+    with _lock:
+        if _lib is not None:
+            if _lib_pid != pid:
+                raise DfkvError(
+                    f"{LIB_NAME} was loaded in process {_lib_pid} before this process ({pid}) was "
+                    "forked from it; a Go runtime does not survive fork(). Import dfkv freely, but "
+                    "open clients only after forking (or use the 'spawn' start method)."
+                )
+            return _lib
+        tried = []
+        for path in candidates():
+            if not os.path.isfile(path):
+                tried.append(f"{path}: not found")
+                continue
+            try:
+                lib = ctypes.CDLL(path)
+                _declare(lib)
+            except (OSError, AttributeError) as e:
+                tried.append(f"{path}: {e}")
+                continue
+            _lib, _lib_path, _lib_pid = lib, path, pid
+            return lib
+        raise DfkvError(
+            f"cannot load {LIB_NAME}; set DFKV_LIB to its path, install a dfkv wheel that bundles "
+            "it, or build it into <repo>/build. Tried:\n  " + "\n  ".join(tried)
+        )
+
+
+def is_loaded() -> bool:
+    """Whether this process (or a parent it was forked from) has loaded the library."""
+    return _lib is not None
+
+
+def loaded_path() -> Optional[str]:
+    return _lib_path

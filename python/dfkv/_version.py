@@ -1,0 +1,3 @@
+"""Version of the dfkv Python package (the library reports its own via dfkv.version())."""
+
+__version__ = "0.1.0"

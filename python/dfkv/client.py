@@ -1,0 +1,642 @@
+"""``dfkv.Client``: the Python face of the C ABI v2 in ``libdfkv.so``.
+
+One ``Client`` wraps one ``dfkv_client_t``. Every call passes the caller's memory straight to
+the library (see ``_buffers``): values are never copied on the way in, and reads land directly
+in caller buffers (``get_into``, ``get_auto(key, buf)``, the batch and scatter-gather forms).
+The library releases the GIL during calls (ctypes does), so threads overlap their I/O.
+
+Error model: ``DfkvError`` means misuse — a closed client, bad arguments, a library that
+cannot be loaded or options it refuses. Misses and failed operations are ordinary results
+(``None`` / ``False`` / ``(False, 0)``), never exceptions, because a KV cache miss is routine.
+
+Fork safety: the library is loaded when the first client opens, never at import. A client
+(or a loaded library) inherited through ``fork()`` refuses to be used in the child; open a
+new client there instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import numbers
+import os
+import threading
+from collections.abc import Mapping
+from ctypes import byref, c_int, c_uint32, c_uint64, c_void_p
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import _lib, identity
+from ._buffers import Pins, RawBuffer, new_bytes
+from ._lib import ABI_VERSION, CLIENT_OPT_REGISTER_WITH_MDS, ClientOptionsV2, DfkvError
+
+__all__ = ["Client", "MAX_VALUE_SIZE", "build_options", "version"]
+
+# Default server limit on one value; get_auto(key) without a cap reserves this much
+# (address space only: untouched pages are never faulted in).
+MAX_VALUE_SIZE = 64 << 20
+
+_I32_MAX = (1 << 31) - 1
+_U64_MAX = (1 << 64) - 1
+_VP = ctypes.POINTER(c_void_p)
+_U64P = ctypes.POINTER(c_uint64)
+
+Members = Union[str, Mapping, Iterable[Any], None]
+
+
+def version() -> str:
+    """Version string of the loaded libdfkv.so (loads the library in this process)."""
+    return _lib.load().dfkv_version().decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------------------------------
+# Options
+
+
+def _cstr(name: str, s: Optional[str]) -> Optional[bytes]:
+    if s is None:
+        return None
+    if not isinstance(s, str):
+        raise DfkvError(f"{name} must be a str, not {type(s).__name__}")
+    if "\0" in s:
+        raise DfkvError(f"{name} must not contain NUL")
+    return s.encode("utf-8")
+
+
+def _int_opt(name: str, v: Any, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise DfkvError(f"{name} must be an int in {lo}..{hi}, got {v!r}")
+    return v
+
+
+def _format_members(members: Members) -> Optional[str]:
+    """Accepts "id=host:port[@w],...", {id: "host:port" | ("host:port", w)}, or an iterable
+    of "id=host:port" strings / (id, "host:port"[, w]) tuples."""
+    if members is None or isinstance(members, str):
+        return members
+    if isinstance(members, Mapping):
+        items: Iterable[Any] = [(k,) + (tuple(v) if isinstance(v, (tuple, list)) else (v,))
+                                for k, v in members.items()]
+    else:
+        items = members
+    parts = []
+    for m in items:
+        if isinstance(m, str):
+            parts.append(m)
+        elif isinstance(m, (tuple, list)) and len(m) in (2, 3):
+            s = f"{m[0]}={m[1]}"
+            parts.append(s if len(m) == 2 else f"{s}@{int(m[2])}")
+        else:
+            raise DfkvError(f"bad member {m!r}; want 'id=host:port' or (id, 'host:port'[, weight])")
+    return ",".join(parts)
+
+
+def _format_info(info: Union[str, Mapping, None]) -> Optional[str]:
+    if info is None or isinstance(info, str):
+        return info
+    if not isinstance(info, Mapping):
+        raise DfkvError("client_info must be a str 'k=v,...' or a dict")
+    parts = []
+    for k, v in info.items():
+        k, v = str(k), str(v)
+        # The library splits on ',' then on the first '='; refuse what would not round-trip.
+        if not k or "," in k or "=" in k or "," in v:
+            raise DfkvError(f"client_info entry {k!r}={v!r}: keys need no ',' or '=', values no ','")
+        parts.append(f"{k}={v}")
+    return ",".join(parts)
+
+
+def _namespace_bytes(namespace: Any) -> bytes:
+    if hasattr(namespace, "encode") and not isinstance(namespace, str):
+        namespace = namespace.encode()  # dfkv.identity.Namespace
+    if isinstance(namespace, str):
+        raise DfkvError("namespace is binary: pass bytes (or a dfkv.identity.Namespace), not str")
+    try:
+        return bytes(memoryview(namespace))
+    except TypeError as e:
+        raise DfkvError(f"namespace must be bytes-like, not {type(namespace).__name__}") from e
+
+
+def build_options(
+    members: Members = None,
+    namespace: Any = b"",
+    *,
+    mds_endpoints: Union[str, Iterable[str], None] = None,
+    mds_group: Optional[str] = None,
+    mds_poll_ms: int = 0,
+    register_with_mds: Optional[bool] = None,
+    client_id: Optional[str] = None,
+    client_info: Union[str, Mapping, None] = None,
+    client_heartbeat_ms: int = 0,
+    batch_concurrency: int = 0,
+) -> Tuple[ClientOptionsV2, List[Any]]:
+    """Fill a ``dfkv_client_options_v2``; returns it and the objects it points into.
+
+    Only types and encodability are checked here; the library decides what is valid
+    (e.g. neither members nor MDS endpoints makes ``dfkv_open_v2`` fail).
+    """
+    ns = _namespace_bytes(namespace)
+    if mds_endpoints is not None and not isinstance(mds_endpoints, str):
+        mds_endpoints = ",".join(mds_endpoints)
+    if register_with_mds is None:
+        # Auto: consumers register when they discover nodes through the MDS, unless the
+        # operator opts out with DFKV_CLIENT_REGISTER=0 (as in the original system).
+        register_with_mds = bool(mds_endpoints) and os.environ.get("DFKV_CLIENT_REGISTER", "1") != "0"
+    o = ClientOptionsV2()
+    o.struct_size = ctypes.sizeof(ClientOptionsV2)
+    o.abi_version = ABI_VERSION
+    o.members = _cstr("members", _format_members(members))
+    ns_buf = ctypes.create_string_buffer(ns, len(ns)) if ns else None
+    o.key_namespace = ctypes.addressof(ns_buf) if ns_buf is not None else None
+    o.key_namespace_len = len(ns)
+    o.batch_concurrency = _int_opt("batch_concurrency", batch_concurrency, 0, _U64_MAX)
+    o.mds_endpoints = _cstr("mds_endpoints", mds_endpoints)
+    o.mds_group = _cstr("mds_group", mds_group)
+    o.mds_poll_ms = _int_opt("mds_poll_ms", mds_poll_ms, -_I32_MAX - 1, _I32_MAX)
+    o.flags = CLIENT_OPT_REGISTER_WITH_MDS if register_with_mds else 0
+    o.client_id = _cstr("client_id", client_id)
+    o.client_info = _cstr("client_info", _format_info(client_info))
+    o.client_heartbeat_ms = _int_opt("client_heartbeat_ms", client_heartbeat_ms, -_I32_MAX - 1, _I32_MAX)
+    o.reserved0 = 0
+    return o, [ns_buf]
+
+
+# ---------------------------------------------------------------------------------------
+# Client
+
+
+def _is_int(v: Any) -> bool:
+    # numbers.Integral admits numpy integers (sizes often come from array shapes), not bools.
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _check_len(name: str, n: Any) -> int:
+    if not _is_int(n) or not 0 <= n <= _U64_MAX:
+        raise DfkvError(f"{name} must be a non-negative int, got {n!r}")
+    return int(n)
+
+
+def _pair(keys: Sequence[Any], other: Sequence[Any], what: str) -> int:
+    n = len(keys)
+    if len(other) != n:
+        raise DfkvError(f"{n} keys but {len(other)} {what}")
+    if n > _I32_MAX:
+        raise DfkvError("too many items for one batch")
+    return n
+
+
+class Client:
+    """A dfkv client. See the module docstring for the error model and fork rules.
+
+    ``members``: static membership ("id=host:port[@weight],...", a dict or a list);
+    ``namespace``: binary namespace (bytes, NUL allowed, or an ``identity.Namespace``);
+    ``mds_endpoints``/``mds_group``/``mds_poll_ms``: MDS discovery;
+    ``register_with_mds``: None = auto (with MDS endpoints, unless DFKV_CLIENT_REGISTER=0);
+    ``client_id``/``client_info``/``client_heartbeat_ms``: registration details;
+    ``batch_concurrency``: 0 = library default.
+    """
+
+    def __init__(
+        self,
+        members: Members = None,
+        namespace: Any = b"",
+        *,
+        mds_endpoints: Union[str, Iterable[str], None] = None,
+        mds_group: Optional[str] = None,
+        mds_poll_ms: int = 0,
+        register_with_mds: Optional[bool] = None,
+        client_id: Optional[str] = None,
+        client_info: Union[str, Mapping, None] = None,
+        client_heartbeat_ms: int = 0,
+        batch_concurrency: int = 0,
+    ):
+        self._h: Optional[int] = None  # set last, so __del__ of a half-built client is a no-op
+        self._cv = threading.Condition(threading.Lock())
+        self._inflight = 0
+        self._registered: List[Pins] = []
+        self._namespace = _namespace_bytes(namespace)
+        opts, keep = build_options(
+            members, self._namespace, mds_endpoints=mds_endpoints, mds_group=mds_group,
+            mds_poll_ms=mds_poll_ms, register_with_mds=register_with_mds, client_id=client_id,
+            client_info=client_info, client_heartbeat_ms=client_heartbeat_ms,
+            batch_concurrency=batch_concurrency)
+        self._lib = _lib.load()
+        h = self._lib.dfkv_open_v2(byref(opts))
+        del keep  # the library copied everything it needs
+        if not h:
+            raise DfkvError(
+                "dfkv_open_v2 refused the options (needs members or mds_endpoints; check their "
+                f"syntax): members={opts.members!r} mds_endpoints={opts.mds_endpoints!r}; "
+                "run with DFKV_LOG=1 for the library's reason"
+            )
+        self._pid = os.getpid()
+        mode = self._lib.dfkv_transport_mode(h)
+        self._mode = mode.decode("ascii", "replace") if mode else "tcp"
+        self._h = h
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: modules may already be torn down
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._h is None else self._mode
+        return f"<dfkv.Client {state}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._h is None
+
+    @property
+    def namespace(self) -> bytes:
+        """The binary namespace this client was opened with."""
+        return self._namespace
+
+    def object_id(self, key: Any) -> "identity.ObjectId":
+        """The 128-bit object id the library computes for ``key`` in this namespace."""
+        return identity.object_id(self._namespace, key)
+
+    def close(self) -> None:
+        """Close the client; idempotent. Waits for calls in flight on other threads."""
+        if self._h is None:
+            return
+        if self._pid != os.getpid():
+            # Inherited through fork(): the parent's Go runtime is not here, and the lock may
+            # have been copied while held by a parent thread. Drop the handle, touch nothing.
+            self._h = None
+            self._registered = []
+            return
+        with self._cv:
+            h, self._h = self._h, None
+            if h is None:
+                return
+            while self._inflight:
+                self._cv.wait()
+        self._lib.dfkv_close(h)
+        for p in self._registered:
+            p.release()
+        self._registered.clear()
+
+    def _acquire(self) -> int:
+        if self._pid != os.getpid():  # checked before the lock: see close()
+            raise DfkvError(
+                f"this client was opened in process {self._pid}, before fork(); open a new "
+                "client in the child"
+            )
+        with self._cv:
+            h = self._h
+            if h is None:
+                raise DfkvError("client is closed")
+            self._inflight += 1
+            return h
+
+    def _release(self) -> None:
+        with self._cv:
+            self._inflight -= 1
+            if not self._inflight:
+                self._cv.notify_all()
+
+    def _pins(self) -> Pins:
+        return Pins(self._mode == "rdma")
+
+    # -- single-key operations ------------------------------------------------------------
+
+    def put(self, key: Any, value: Any) -> bool:
+        """Store ``value`` (any buffer; zero-length values are rejected: False)."""
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kn = p.read(key, "key")
+                va, vn = p.read(value, "value")
+                return self._lib.dfkv_put(h, ka, kn, va, vn) == 0
+        finally:
+            self._release()
+
+    def get(self, key: Any, size: int) -> Optional[bytes]:
+        """The value if it is stored with exactly ``size`` bytes, else None."""
+        n = _check_len("size", size)
+        out, addr = new_bytes(n)
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kn = p.read(key, "key")
+                return out if self._lib.dfkv_get(h, ka, kn, addr, n) == 1 else None
+        finally:
+            self._release()
+
+    def get_into(self, key: Any, buf: Any) -> bool:
+        """Read a value of exactly ``len(buf)`` bytes straight into ``buf``."""
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kn = p.read(key, "key")
+                ba, bn = p.write(buf)
+                return self._lib.dfkv_get(h, ka, kn, ba, bn) == 1
+        finally:
+            self._release()
+
+    def get_auto(self, key: Any, cap: Any = None) -> Any:
+        """Read a value of unknown length.
+
+        ``cap`` int (or None = MAX_VALUE_SIZE): returns the value as bytes, or None on a
+        miss or when the stored value is longer than ``cap``.
+        ``cap`` a writable buffer: reads into it and returns ``(hit, length)``.
+        """
+        if cap is None or _is_int(cap):
+            n = MAX_VALUE_SIZE if cap is None else _check_len("cap", cap)
+            out, addr = new_bytes(n)
+            ok, length = self._get_auto(key, None, addr, n)
+            if not ok:
+                return None
+            return out if length == n else out[:length]
+        return self._get_auto(key, cap, 0, 0)
+
+    def _get_auto(self, key: Any, buf: Any, addr: int, cap: int) -> Tuple[bool, int]:
+        out_len = c_uint64(0)
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kn = p.read(key, "key")
+                if buf is not None:
+                    addr, cap = p.write(buf)
+                ok = self._lib.dfkv_get_auto(h, ka, kn, addr, cap, byref(out_len)) == 1
+                return (True, out_len.value) if ok else (False, 0)
+        finally:
+            self._release()
+
+    def exist(self, key: Any) -> bool:
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kn = p.read(key, "key")
+                return self._lib.dfkv_exist(h, ka, kn) == 1
+        finally:
+            self._release()
+
+    def remove(self, key: Any) -> bool:
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kn = p.read(key, "key")
+                return self._lib.dfkv_remove(h, ka, kn) == 1
+        finally:
+            self._release()
+
+    # -- batch operations -------------------------------------------------------------------
+
+    @staticmethod
+    def _key_arrays(p: Pins, keys: Sequence[Any]) -> Tuple[Any, Any]:
+        n = len(keys)
+        ka = p.keep((c_void_p * n)())
+        kl = p.keep((c_uint64 * n)())
+        for i, k in enumerate(keys):
+            ka[i], kl[i] = p.read(k, f"keys[{i}]")
+        return ka, kl
+
+    @staticmethod
+    def _buf_arrays(p: Pins, bufs: Sequence[Any], write: bool, what: str) -> Tuple[Any, Any]:
+        n = len(bufs)
+        ba = p.keep((c_void_p * n)())
+        bl = p.keep((c_uint64 * n)())
+        get = p.write if write else p.read
+        for i, b in enumerate(bufs):
+            ba[i], bl[i] = get(b, f"{what}[{i}]")
+        return ba, bl
+
+    def _check_batch(self, name: str, rc: int) -> None:
+        if rc != 0:
+            raise DfkvError(f"{name} rejected the batch (bad arguments or too many items)")
+
+    def batch_put(self, keys: Sequence[Any], values: Sequence[Any]) -> List[bool]:
+        """Store each value under its key; per-item success."""
+        n = _pair(keys, values, "values")
+        if not n:
+            return []
+        out = (c_int * n)()
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kl = self._key_arrays(p, keys)
+                va, vl = self._buf_arrays(p, values, False, "values")
+                self._check_batch("dfkv_batch_put", self._lib.dfkv_batch_put(h, ka, kl, va, vl, n, out))
+        finally:
+            self._release()
+        return [v == 1 for v in out]
+
+    def batch_get_into(self, keys: Sequence[Any], bufs: Sequence[Any]) -> List[bool]:
+        """Exact-size reads into caller buffers; per-item hit."""
+        n = _pair(keys, bufs, "buffers")
+        if not n:
+            return []
+        out = (c_int * n)()
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kl = self._key_arrays(p, keys)
+                ba, bl = self._buf_arrays(p, bufs, True, "bufs")
+                self._check_batch("dfkv_batch_get", self._lib.dfkv_batch_get(h, ka, kl, ba, bl, n, out))
+        finally:
+            self._release()
+        return [v == 1 for v in out]
+
+    def batch_get(self, keys: Sequence[Any], sizes: Union[int, Sequence[int]]) -> List[Optional[bytes]]:
+        """Exact-size reads returning bytes (None per miss); ``sizes`` int or per key."""
+        if _is_int(sizes):
+            sizes = [sizes] * len(keys)
+        n = _pair(keys, sizes, "sizes")
+        sizes = [_check_len("size", s) for s in sizes]
+        if not n:
+            return []
+        outs = [new_bytes(s) for s in sizes]
+        hits = self.batch_get_into(keys, [RawBuffer(a, s) for (_, a), s in zip(outs, sizes)])
+        return [b if ok else None for (b, _), ok in zip(outs, hits)]
+
+    def batch_get_auto(self, keys: Sequence[Any], caps: Any) -> List[Any]:
+        """Reads of unknown length. Per item, like ``get_auto``: an int cap gives bytes|None,
+        a writable buffer gives ``(hit, length)``. ``caps`` may be one int for every key."""
+        if _is_int(caps):
+            caps = [caps] * len(keys)
+        n = _pair(keys, caps, "caps/buffers")
+        if not n:
+            return []
+        owned: List[Optional[bytes]] = [None] * n
+        out = (c_int * n)()
+        out_lens = (c_uint64 * n)()
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kl = self._key_arrays(p, keys)
+                ba = p.keep((c_void_p * n)())
+                bl = p.keep((c_uint64 * n)())
+                for i, c in enumerate(caps):
+                    if _is_int(c):
+                        owned[i], ba[i] = new_bytes(_check_len(f"caps[{i}]", c))
+                        bl[i] = int(c)
+                    else:
+                        ba[i], bl[i] = p.write(c, f"bufs[{i}]")
+                self._check_batch("dfkv_batch_get_auto",
+                                  self._lib.dfkv_batch_get_auto(h, ka, kl, ba, bl, n, out, out_lens))
+        finally:
+            self._release()
+        res: List[Any] = []
+        for i in range(n):
+            ok, length = out[i] == 1, out_lens[i] if out[i] == 1 else 0
+            b = owned[i]
+            if b is None:
+                res.append((ok, length))
+            else:
+                res.append(None if not ok else (b if length == len(b) else b[:length]))
+        return res
+
+    def batch_exist(self, keys: Sequence[Any]) -> List[bool]:
+        return self._batch_keys_only("dfkv_batch_exist", keys)
+
+    def batch_remove(self, keys: Sequence[Any]) -> List[bool]:
+        return self._batch_keys_only("dfkv_batch_remove", keys)
+
+    def _batch_keys_only(self, name: str, keys: Sequence[Any]) -> List[bool]:
+        n = _pair(keys, keys, "keys")
+        if not n:
+            return []
+        out = (c_int * n)()
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kl = self._key_arrays(p, keys)
+                self._check_batch(name, getattr(self._lib, name)(h, ka, kl, n, out))
+        finally:
+            self._release()
+        return [v == 1 for v in out]
+
+    # -- scatter-gather ---------------------------------------------------------------------
+
+    @staticmethod
+    def _sg_arrays(p: Pins, seg_lists: Sequence[Sequence[Any]], write: bool) -> Tuple[Any, Any, Any]:
+        n = len(seg_lists)
+        ptrs = p.keep((_VP * n)())
+        lens = p.keep((_U64P * n)())
+        counts = p.keep((c_uint32 * n)())
+        get = p.write if write else p.read
+        for i, segs in enumerate(seg_lists):
+            m = len(segs)
+            counts[i] = min(m, 0xFFFFFFFF)
+            if not m:
+                continue  # NULL arrays with count 0: the library fails this item
+            pa = p.keep((c_void_p * m)())
+            la = p.keep((c_uint64 * m)())
+            for j, s in enumerate(segs):
+                pa[j], la[j] = get(s, f"segments[{i}][{j}]")
+            ptrs[i] = ctypes.cast(pa, _VP)
+            lens[i] = ctypes.cast(la, _U64P)
+        return ptrs, lens, counts
+
+    def batch_put_sg(self, keys: Sequence[Any], segments: Sequence[Sequence[Any]]) -> List[bool]:
+        """Item i stores the concatenation of ``segments[i]`` (1..max_sg_segs buffers)."""
+        n = _pair(keys, segments, "segment lists")
+        if not n:
+            return []
+        out = (c_int * n)()
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kl = self._key_arrays(p, keys)
+                sp, sl, sc = self._sg_arrays(p, segments, False)
+                self._check_batch("dfkv_batch_put_sg",
+                                  self._lib.dfkv_batch_put_sg(h, ka, kl, sp, sl, sc, n, out))
+        finally:
+            self._release()
+        return [v == 1 for v in out]
+
+    def batch_get_auto_sg(self, keys: Sequence[Any], segments: Sequence[Sequence[Any]]) -> List[Tuple[bool, int]]:
+        """Item i scatters its value (at most the segments' total size) across
+        ``segments[i]`` in order; per item ``(hit, length)``."""
+        n = _pair(keys, segments, "segment lists")
+        if not n:
+            return []
+        out = (c_int * n)()
+        out_lens = (c_uint64 * n)()
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kl = self._key_arrays(p, keys)
+                sp, sl, sc = self._sg_arrays(p, segments, True)
+                self._check_batch("dfkv_batch_get_auto_sg",
+                                  self._lib.dfkv_batch_get_auto_sg(h, ka, kl, sp, sl, sc, n, out, out_lens))
+        finally:
+            self._release()
+        return [(True, out_lens[i]) if out[i] == 1 else (False, 0) for i in range(n)]
+
+    @property
+    def max_sg_segs(self) -> int:
+        """Most segments one scatter-gather item may have."""
+        h = self._acquire()
+        try:
+            return int(self._lib.dfkv_max_sg_segs(h))
+        finally:
+            self._release()
+
+    # -- transport, memory, introspection -----------------------------------------------------
+
+    def register_memory(self, buf_or_ptr: Any, size: Optional[int] = None) -> bool:
+        """Register memory for RDMA (a no-op success on TCP).
+
+        A buffer object is pinned (kept alive, not resizable) until the client closes; a raw
+        int address needs ``size`` and must stay valid as long as the client uses it.
+        """
+        p = Pins(device_ok=True)
+        try:
+            if _is_int(buf_or_ptr):
+                if size is None:
+                    raise DfkvError("register_memory(ptr, size): size is required with a raw address")
+                addr, n = int(buf_or_ptr), _check_len("size", size)
+            else:
+                addr, n = p.read(buf_or_ptr, "memory")
+                if size is not None:
+                    if _check_len("size", size) > n:
+                        raise DfkvError(f"size {size} exceeds the buffer's {n} bytes")
+                    n = size
+                p.keep(buf_or_ptr)
+            h = self._acquire()
+            try:
+                ok = self._lib.dfkv_register_memory(h, addr, n) == 0
+            finally:
+                self._release()
+        except BaseException:
+            p.release()
+            raise
+        if ok:
+            self._registered.append(p)
+        else:
+            p.release()
+        return ok
+
+    @property
+    def transport_mode(self) -> str:
+        """"tcp" or "rdma"; "closed" once closed (as the C ABI reports for NULL)."""
+        return "closed" if self._h is None else self._mode
+
+    def stats_snapshot(self) -> str:
+        """The client's metrics in Prometheus text format."""
+        h = self._acquire()
+        try:
+            n = int(self._lib.dfkv_stats_snapshot(h, None, 0))
+            for _ in range(8):  # metrics may grow between the sizing call and the copy
+                buf = ctypes.create_string_buffer(n + 1024)
+                full = int(self._lib.dfkv_stats_snapshot(h, buf, len(buf)))
+                if full <= len(buf):
+                    return buf.raw[:full].decode("utf-8", "replace")
+                n = full
+            return buf.raw.decode("utf-8", "replace")
+        finally:
+            self._release()
+
+    @staticmethod
+    def version() -> str:
+        return version()
