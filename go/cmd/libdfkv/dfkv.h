@@ -93,9 +93,10 @@ int dfkv_batch_get_auto_sg(dfkv_client_t c, const void* const* keys, const uint6
                            const uint32_t* seg_counts, int n, int* out_ok, uint64_t* out_lens);
 uint32_t dfkv_max_sg_segs(dfkv_client_t c);
 
-/* Memory registration for RDMA transports; a no-op success (0) on TCP. */
+/* Memory registration for RDMA transports; a no-op success (0) on TCP. A NULL base or a
+ * zero size is refused (-1) on every transport. */
 int dfkv_register_memory(dfkv_client_t c, void* base, uint64_t size);
-/* "tcp" or "rdma"; static storage, never NULL ("closed" for a NULL client). */
+/* "tcp" or "rdma"; static storage, never NULL ("closed" for a NULL or closed client). */
 const char* dfkv_transport_mode(dfkv_client_t c);
 
 /* Prometheus text of the client's metrics. Writes at most cap bytes (no NUL) and returns the

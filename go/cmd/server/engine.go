@@ -5,6 +5,9 @@ import (
 	"log/slog"
 
 	"github.com/dfkv/dfkv/go/store"
+	"github.com/dfkv/dfkv/go/store/file"
+	"github.com/dfkv/dfkv/go/store/group"
+	"github.com/dfkv/dfkv/go/store/slab"
 )
 
 type engineConfig struct {
@@ -16,16 +19,48 @@ type engineConfig struct {
 	log      *slog.Logger
 }
 
+// Extent sizing when --extent-size is not given: aim for at least 16 extents per disk so
+// that the size classes of a mixed workload each get their own, but never below the
+// largest value and never above the 256 MiB default.
+const (
+	targetExtentsPerDisk = 16
+	maxAutoExtent        = 256 << 20
+)
+
+func autoExtent(share, maxValue int64) int64 {
+	e := share / targetExtentsPerDisk
+	e = min(e, maxAutoExtent)
+	floor := (maxValue + 4095) &^ 4095
+	e = max(e, floor)
+	return e &^ 4095
+}
+
 // openEngine opens the configured storage engine. Invalid geometry refuses to start rather
 // than falling back to another engine.
 func openEngine(c engineConfig) (store.Engine, error) {
 	if c.capacity <= 0 {
 		return nil, fmt.Errorf("--cap must be positive")
 	}
+	if len(c.dirs) == 0 {
+		return nil, fmt.Errorf("--dir: no data directory")
+	}
 	switch c.kind {
 	case "mem":
 		c.log.Warn("mem engine: values live in RAM only and are lost on restart (diagnostics/benchmarks)")
 		return store.NewMem(c.capacity), nil
+	case "slab", "file":
+		if c.kind == "file" {
+			c.log.Warn("file engine selected: one file per object, for diagnostics and rollback only")
+		}
+		extent := c.extent
+		if extent == 0 {
+			extent = autoExtent(c.capacity/int64(len(c.dirs)), c.maxValue)
+		}
+		return group.OpenDirs(group.Options{
+			Engine: c.kind, Dirs: c.dirs, CapacityBytes: c.capacity, Logger: c.log,
+			Slab: slab.Config{ExtentBytes: extent, MaxValueBytes: c.maxValue},
+			File: file.Config{MaxValueBytes: c.maxValue},
+		})
 	default:
 		return nil, fmt.Errorf("unknown --store-engine %q (want slab, file or mem)", c.kind)
 	}

@@ -34,10 +34,10 @@ func main() {
 
 type options struct {
 	dirs, host, engine, addrFile, logLevel string
-	port, metricsPort, maxConns           int
-	capacity, maxMsg, extent              cli.Size
-	firstReqMS, ioTimeoutMS, idleMS       int
-	showVersion                           bool
+	port, metricsPort, maxConns            int
+	capacity, maxMsg, extent               cli.Size
+	firstReqMS, ioTimeoutMS, idleMS        int
+	showVersion                            bool
 }
 
 func defaultDataDir() string {
