@@ -26,7 +26,7 @@ func logUniform(r *rand.Rand, lo, hi int) int {
 }
 
 func TestThousandValuesRoundTrip(t *testing.T) {
-	s := startServer(t, t.TempDir(), "--cap", "3GiB")
+	s := startServer(t, t.TempDir(), "--cap", "3GiB", "--max-msg", "4MiB")
 	c := newClient(t, s.addr)
 	r := rand.New(rand.NewPCG(11, 12))
 	const N = 1000
@@ -99,7 +99,7 @@ func TestKillDuringWriteStorm(t *testing.T) {
 		t.Skip("the mem engine is not persistent")
 	}
 	dir := t.TempDir()
-	s := startServer(t, dir, "--cap", "2GiB")
+	s := startServer(t, dir, "--cap", "2GiB", "--max-msg", "4MiB")
 	c := newClient(t, s.addr)
 	r := rand.New(rand.NewPCG(21, 22))
 	type rec struct {
@@ -185,7 +185,7 @@ func TestKillDuringWriteStorm(t *testing.T) {
 // Filling past --cap keeps usage under the cap, evicts, and writers see no errors.
 func TestEvictionUnderCap(t *testing.T) {
 	const capBytes = 96 << 20
-	s := startServer(t, t.TempDir(), "--cap", fmt.Sprint(capBytes), "--extent-size", "8MiB")
+	s := startServer(t, t.TempDir(), "--cap", fmt.Sprint(capBytes), "--extent-size", "8MiB", "--max-msg", "4MiB")
 	c := newClient(t, s.addr)
 	const size = 256 << 10
 	n := 3 * capBytes / size

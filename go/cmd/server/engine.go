@@ -19,16 +19,18 @@ type engineConfig struct {
 	log      *slog.Logger
 }
 
-// Extent sizing when --extent-size is not given: aim for at least 16 extents per disk so
-// that the size classes of a mixed workload each get their own, but never below the
-// largest value and never above the 256 MiB default.
+// Extent sizing when --extent-size is not given. An extent serves one size class at a time,
+// so a disk needs a few extents per class for a mixed workload not to evict values while
+// far under its capacity: aim for 4 extents per size class, but never below the largest
+// value (a slot must fit in an extent) and never above the 256 MiB default. Small caches
+// with a large --max-msg therefore get few extents; docs/DEPLOY notes to lower --max-msg.
 const (
-	targetExtentsPerDisk = 16
-	maxAutoExtent        = 256 << 20
+	extentsPerClass = 4
+	maxAutoExtent   = 256 << 20
 )
 
 func autoExtent(share, maxValue int64) int64 {
-	e := share / targetExtentsPerDisk
+	e := share / int64(extentsPerClass*len(slab.SizeClasses(maxValue)))
 	e = min(e, maxAutoExtent)
 	floor := (maxValue + 4095) &^ 4095
 	e = max(e, floor)

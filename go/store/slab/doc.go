@@ -1,0 +1,19 @@
+// Package slab is the default production storage engine of a cache node: one Engine per
+// disk directory, storing values in a fixed pool of preallocated extent files carved into
+// deterministic size classes.
+//
+// On-disk layout of one directory:
+//
+//	slab.meta      JSON superblock: geometry (extent size and count, max value, size
+//	               classes, record size), the current epoch and a clean-stop flag.
+//	slab.lock      flock(2) guard so that two processes never open one directory.
+//	slots.tbl      sparse table of 64-byte CRC-protected records, one per slot, at offset
+//	               (extent*ExtentBytes/4096 + slot)*64; rebuilt in bulk at Open.
+//	extents/NNNNNN fallocated extent files of ExtentBytes each; slot i of an extent of
+//	               class c lives at offset i*classSize(c). Payloads use O_DIRECT|O_DSYNC.
+//
+// Write ordering (payload durable, then record durable, then index) and CRC32C checks on
+// every read mean that a crash never makes the engine serve a half-written value: at
+// worst a value is missing. A slot is reused only after its tombstone is durable and every
+// reader that pinned it has finished.
+package slab
