@@ -14,10 +14,10 @@ import (
 
 // ABI constants mirrored from dfkv.h.
 const (
-	ABIVersion           = 2
-	OptionsSize          = 88 // sizeof(dfkv_client_options_v2) on LP64
-	FlagRegisterWithMDS  = 1 << 0
-	knownFlags           = FlagRegisterWithMDS
+	ABIVersion          = 2
+	OptionsSize         = 88 // sizeof(dfkv_client_options_v2) on LP64
+	FlagRegisterWithMDS = 1 << 0
+	knownFlags          = FlagRegisterWithMDS
 )
 
 // Options is dfkv_client_options_v2 after the cgo layer copied it out of C memory.

@@ -34,12 +34,12 @@ func newPeer(c *Client, addr string) *peer {
 
 // pconn is one pooled connection.
 type pconn struct {
-	nc     net.Conn
-	br     *bufio.Reader
-	hdr    [wire.RequestSize]byte
+	nc      net.Conn
+	br      *bufio.Reader
+	hdr     [wire.RequestSize]byte
 	scratch []byte
-	bufs   net.Buffers
-	reused bool
+	bufs    net.Buffers
+	reused  bool
 }
 
 // cooling reports whether the peer is in its post-failure cool-down.

@@ -3,8 +3,8 @@ package e2e
 import (
 	"net"
 	"strconv"
-	"sync"
 	"strings"
+	"sync"
 )
 
 func listenTCP(port int) (net.Listener, error) {

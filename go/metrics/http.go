@@ -21,7 +21,7 @@ type Probe func() error
 type HTTPConfig struct {
 	Addr              string // host:port; port 0 picks a free one
 	Gatherer          prometheus.Gatherer
-	Ready             Probe // /readyz; nil = always ready
+	Ready             Probe         // /readyz; nil = always ready
 	MaxConns          int           // connection cap (default 64)
 	FirstRequestLimit time.Duration // a connection must send its request within this (default 30s)
 	Logger            *slog.Logger

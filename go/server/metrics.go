@@ -9,16 +9,16 @@ import (
 
 // Metrics are the server's Prometheus families.
 type Metrics struct {
-	Requests         *prometheus.CounterVec   // op, status
-	Latency          *prometheus.HistogramVec // op
-	BytesIn          prometheus.Counter
-	BytesOut         prometheus.Counter
-	Connections      prometheus.Gauge
-	ConnsAccepted    prometheus.Counter
-	ConnsRejected    *prometheus.CounterVec // reason
-	FramesInvalid    *prometheus.CounterVec // reason
-	reqCache         [fb.OpSgGet + 1][fb.StatusBufferTooSmall + 1]prometheus.Counter
-	latCache         [fb.OpSgGet + 1]prometheus.Observer
+	Requests      *prometheus.CounterVec   // op, status
+	Latency       *prometheus.HistogramVec // op
+	BytesIn       prometheus.Counter
+	BytesOut      prometheus.Counter
+	Connections   prometheus.Gauge
+	ConnsAccepted prometheus.Counter
+	ConnsRejected *prometheus.CounterVec // reason
+	FramesInvalid *prometheus.CounterVec // reason
+	reqCache      [fb.OpSgGet + 1][fb.StatusBufferTooSmall + 1]prometheus.Counter
+	latCache      [fb.OpSgGet + 1]prometheus.Observer
 }
 
 // NewMetrics registers the server families (and an engine collector) on reg.
@@ -31,9 +31,9 @@ func NewMetrics(reg prometheus.Registerer, engine store.Engine) *Metrics {
 			Name: "dfkv_server_request_duration_seconds", Help: "Time from a request's prefix to its reply being written.",
 			Buckets: prometheus.ExponentialBuckets(20e-6, 2.5, 14),
 		}, []string{"op"}),
-		BytesIn:     prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_server_received_bytes_total", Help: "Value bytes received in PUT-like requests."}),
-		BytesOut:    prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_server_sent_bytes_total", Help: "Value bytes sent in GET-like replies."}),
-		Connections: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dfkv_server_connections", Help: "Open data-plane connections."}),
+		BytesIn:       prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_server_received_bytes_total", Help: "Value bytes received in PUT-like requests."}),
+		BytesOut:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_server_sent_bytes_total", Help: "Value bytes sent in GET-like replies."}),
+		Connections:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "dfkv_server_connections", Help: "Open data-plane connections."}),
 		ConnsAccepted: prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_server_connections_accepted_total", Help: "Data-plane connections accepted."}),
 		ConnsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dfkv_server_connections_rejected_total", Help: "Connections closed by a listener protection.",
@@ -94,7 +94,9 @@ type EngineCollector struct {
 
 // NewEngineCollector wraps an engine.
 func NewEngineCollector(e store.Engine) *EngineCollector {
-	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, []string{"engine"}, nil) }
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, []string{"engine"}, nil)
+	}
 	return &EngineCollector{engine: e, descs: map[string]*prometheus.Desc{
 		"objects":   d("dfkv_store_objects", "Values stored."),
 		"used":      d("dfkv_store_used_bytes", "Bytes charged against capacity."),
