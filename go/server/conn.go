@@ -198,9 +198,9 @@ func statusOf(err error) fb.Status {
 	}
 }
 
-// ErrQuotaExceeded is returned by quota-enforcing engines wrappers when a tenant is over
-// its byte quota.
-var ErrQuotaExceeded = errors.New("server: tenant quota exceeded")
+// ErrQuotaExceeded is returned by quota-enforcing engine wrappers when a tenant is over
+// its byte quota (the same sentinel as store.ErrQuotaExceeded).
+var ErrQuotaExceeded = store.ErrQuotaExceeded
 
 // put stores a size-byte value read straight from the socket into the engine's buffer.
 func (c *conn) put(key store.Key, size int) (fb.Status, error) {

@@ -45,6 +45,15 @@ func NewMetrics(reg prometheus.Registerer, engine store.Engine) *Metrics {
 	reg.MustRegister(m.Requests, m.Latency, m.BytesIn, m.BytesOut, m.Connections, m.ConnsAccepted, m.ConnsRejected, m.FramesInvalid)
 	if engine != nil {
 		reg.MustRegister(NewEngineCollector(engine))
+		if t, ok := store.Find[store.RAMTier](engine); ok {
+			reg.MustRegister(newRAMCollector(t))
+		}
+		if c, ok := store.Find[store.Coalescer](engine); ok && c.Coalescing() {
+			reg.MustRegister(newCoalesceCollector(c))
+		}
+		if q, ok := store.Find[store.QuotaReporter](engine); ok {
+			reg.MustRegister(newQuotaCollector(q))
+		}
 	}
 	// Pre-bind the hot (op, status) children so a request costs no label lookup; statuses a
 	// server never sends stay unbound, which also keeps them out of /metrics.

@@ -15,6 +15,36 @@ type Mem struct {
 	order    []Key // insertion order for eviction; may hold stale keys
 	stats    Stats
 	closed   bool
+	observer RemovalObserver
+}
+
+var (
+	_ Observable = (*Mem)(nil)
+	_ Lister     = (*Mem)(nil)
+)
+
+// SetRemovalObserver implements Observable.
+func (m *Mem) SetRemovalObserver(fn RemovalObserver) {
+	m.mu.Lock()
+	m.observer = fn
+	m.mu.Unlock()
+}
+
+func (m *Mem) notifyLocked(k Key, size int, why RemovalReason) {
+	if m.observer != nil {
+		m.observer(k, int64(size), why)
+	}
+}
+
+// ForEach implements Lister.
+func (m *Mem) ForEach(fn func(Key, int64) bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, v := range m.values {
+		if !fn(k, int64(len(v))) {
+			return
+		}
+	}
 }
 
 // NewMem returns an empty in-memory engine holding at most capacity bytes (0 = unbounded).
@@ -40,6 +70,7 @@ func (m *Mem) Put(key Key, size int, fill func([]byte) error) error {
 	}
 	if old, ok := m.values[key]; ok {
 		m.used -= int64(len(old))
+		m.notifyLocked(key, len(old), Replaced)
 	} else {
 		m.order = append(m.order, key)
 	}
@@ -51,6 +82,7 @@ func (m *Mem) Put(key Key, size int, fill func([]byte) error) error {
 			m.used -= int64(len(v))
 			m.stats.Evictions++
 			m.stats.EvictedBytes += int64(len(v))
+			m.notifyLocked(victim, len(v), Evicted)
 		}
 	}
 	m.values[key] = buf
@@ -98,6 +130,7 @@ func (m *Mem) Remove(key Key) error {
 	}
 	delete(m.values, key)
 	m.used -= int64(len(v))
+	m.notifyLocked(key, len(v), Removed)
 	return nil
 }
 

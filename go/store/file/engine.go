@@ -69,7 +69,11 @@ func (c Config) Validate() error {
 	return nil
 }
 
-var _ store.Engine = (*Engine)(nil)
+var (
+	_ store.Engine     = (*Engine)(nil)
+	_ store.Observable = (*Engine)(nil)
+	_ store.Lister     = (*Engine)(nil)
+)
 
 // Engine stores one file per value. It is safe for concurrent use.
 type Engine struct {
@@ -88,6 +92,7 @@ type Engine struct {
 
 	closed   atomic.Bool
 	inflight atomic.Int64
+	observer store.RemovalObserver // guarded by mu
 
 	nEvictions, nEvictedBytes, nCorrupt           atomic.Int64
 	nReadBytes, nWriteBytes, nReads, nWrites, nIO atomic.Int64
@@ -175,7 +180,7 @@ func (e *Engine) open() error {
 	// A smaller capacity than last time: drop the oldest values now.
 	for e.used > e.cfg.CapacityBytes {
 		victim := e.order.Front().Value.(*entry)
-		e.deleteLocked(victim)
+		e.deleteLocked(victim, store.Evicted)
 		_ = os.Remove(e.path(victim.key))
 	}
 	e.log.Info("file: opened", "objects", len(e.index), "used_bytes", e.used, "bad_files", bad)
@@ -207,7 +212,7 @@ func (e *Engine) stripeOf(k store.Key) *sync.Mutex {
 
 func (e *Engine) insertLocked(k store.Key, size int64) {
 	if old := e.index[k]; old != nil {
-		e.deleteLocked(old)
+		e.deleteLocked(old, store.Replaced)
 	}
 	e.gen++
 	ent := &entry{key: k, size: size, gen: e.gen}
@@ -216,10 +221,31 @@ func (e *Engine) insertLocked(k store.Key, size int64) {
 	e.used += size
 }
 
-func (e *Engine) deleteLocked(ent *entry) {
+func (e *Engine) deleteLocked(ent *entry, why store.RemovalReason) {
 	delete(e.index, ent.key)
 	e.order.Remove(ent.elem)
 	e.used -= ent.size
+	if e.observer != nil {
+		e.observer(ent.key, ent.size, why)
+	}
+}
+
+// SetRemovalObserver implements store.Observable; the observer runs under the index lock.
+func (e *Engine) SetRemovalObserver(fn store.RemovalObserver) {
+	e.mu.Lock()
+	e.observer = fn
+	e.mu.Unlock()
+}
+
+// ForEach implements store.Lister.
+func (e *Engine) ForEach(fn func(store.Key, int64) bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, ent := range e.index {
+		if !fn(k, ent.size) {
+			return
+		}
+	}
 }
 
 func (e *Engine) enter() error {
@@ -301,7 +327,7 @@ func (e *Engine) reserve(size int64) {
 	e.mu.Lock()
 	for e.used+size > e.cfg.CapacityBytes && e.order.Len() > 0 {
 		v := e.order.Front().Value.(*entry)
-		e.deleteLocked(v)
+		e.deleteLocked(v, store.Evicted)
 		victims = append(victims, v)
 		e.nEvictions.Add(1)
 		e.nEvictedBytes.Add(v.size)
@@ -422,7 +448,7 @@ func (e *Engine) drop(key store.Key, gen uint64) {
 		e.mu.Unlock()
 		return
 	}
-	e.deleteLocked(ent)
+	e.deleteLocked(ent, store.Dropped)
 	e.mu.Unlock()
 	_ = os.Remove(e.path(key))
 }
@@ -456,7 +482,7 @@ func (e *Engine) Remove(key store.Key) error {
 		e.mu.Unlock()
 		return fmt.Errorf("file: remove %s: %w", key.ID, store.ErrNotFound)
 	}
-	e.deleteLocked(ent)
+	e.deleteLocked(ent, store.Removed)
 	e.mu.Unlock()
 	p := e.path(key)
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -14,7 +14,13 @@ import (
 	"github.com/dfkv/dfkv/go/store/slab"
 )
 
-var _ store.Engine = (*Group)(nil)
+var (
+	_ store.Engine       = (*Group)(nil)
+	_ store.DirectReader = (*Group)(nil)
+	_ store.DirectWriter = (*Group)(nil)
+	_ store.Observable   = (*Group)(nil)
+	_ store.Lister       = (*Group)(nil)
+)
 
 // Group routes each key to one member engine. It is safe for concurrent use.
 type Group struct {
@@ -66,6 +72,42 @@ func (g *Group) Put(key store.Key, size int, fill func(dst []byte) error) error 
 
 func (g *Group) Get(key store.Key, fn func(value []byte) error) error {
 	return g.members[g.Route(key)].Get(key, fn)
+}
+
+// ReadInto reads through the owning disk's DirectReader (Get and a copy for engines
+// without one).
+func (g *Group) ReadInto(key store.Key, dst []byte) (int, error) {
+	return store.ReadInto(g.members[g.Route(key)], key, dst)
+}
+
+// PutFrom writes through the owning disk's DirectWriter (Put and a copy without one).
+func (g *Group) PutFrom(key store.Key, src []byte, size int) error {
+	return store.PutFrom(g.members[g.Route(key)], key, src, size)
+}
+
+// SetRemovalObserver installs fn on every member that reports removals.
+func (g *Group) SetRemovalObserver(fn store.RemovalObserver) {
+	for _, m := range g.members {
+		store.SetRemovalObserver(m, fn)
+	}
+}
+
+// ForEach visits the values of every member that can list them.
+func (g *Group) ForEach(fn func(store.Key, int64) bool) {
+	for _, m := range g.members {
+		l, ok := m.(store.Lister)
+		if !ok {
+			continue
+		}
+		more := true
+		l.ForEach(func(k store.Key, n int64) bool {
+			more = fn(k, n)
+			return more
+		})
+		if !more {
+			return
+		}
+	}
 }
 
 func (g *Group) Stat(key store.Key) (int64, error) { return g.members[g.Route(key)].Stat(key) }

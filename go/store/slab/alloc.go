@@ -120,6 +120,7 @@ func (e *Engine) evictLocked(s *slot) {
 	}
 	sh.mu.Unlock()
 	e.killLocked(s, true)
+	e.observeLocked(s.key, int64(s.length), store.Evicted)
 	e.nEvictions.Add(1)
 	e.nEvictedBytes.Add(s.ext.slotSize)
 }

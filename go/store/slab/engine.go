@@ -26,7 +26,13 @@ const (
 	reclaimWait = 2 * time.Second
 )
 
-var _ store.Engine = (*Engine)(nil)
+var (
+	_ store.Engine       = (*Engine)(nil)
+	_ store.DirectReader = (*Engine)(nil)
+	_ store.DirectWriter = (*Engine)(nil)
+	_ store.Observable   = (*Engine)(nil)
+	_ store.Lister       = (*Engine)(nil)
+)
 
 // Engine is a slab engine over one directory. It is safe for concurrent use.
 type Engine struct {
@@ -61,6 +67,7 @@ type Engine struct {
 	handExt   int           // global CLOCK hand for watermark eviction
 	handSlot  int
 
+	observer  atomic.Pointer[store.RemovalObserver]
 	closed    atomic.Bool
 	inflight  atomic.Int64
 	syncFails atomic.Int64 // consecutive table sync failures
@@ -368,4 +375,35 @@ func (e *Engine) notifyLocked() {
 	}
 	close(e.releaseCh)
 	e.releaseCh = make(chan struct{})
+}
+
+// SetRemovalObserver implements store.Observable. The observer runs with the allocator
+// lock held.
+func (e *Engine) SetRemovalObserver(fn store.RemovalObserver) {
+	if fn == nil {
+		e.observer.Store(nil)
+		return
+	}
+	e.observer.Store(&fn)
+}
+
+func (e *Engine) observeLocked(k store.Key, size int64, why store.RemovalReason) {
+	if fn := e.observer.Load(); fn != nil {
+		(*fn)(k, size, why)
+	}
+}
+
+// ForEach implements store.Lister.
+func (e *Engine) ForEach(fn func(store.Key, int64) bool) {
+	for i := range e.shards {
+		sh := &e.shards[i]
+		sh.mu.RLock()
+		for k, s := range sh.m {
+			if !fn(k, int64(s.length)) {
+				sh.mu.RUnlock()
+				return
+			}
+		}
+		sh.mu.RUnlock()
+	}
 }

@@ -3,6 +3,7 @@ package slab
 import (
 	"fmt"
 	"hash/crc32"
+	"unsafe"
 
 	"github.com/dfkv/dfkv/go/store"
 )
@@ -31,6 +32,33 @@ func (e *Engine) Put(key store.Key, size int, fill func(dst []byte) error) error
 	if err := fill(buf[:size]); err != nil {
 		return err
 	}
+	return e.store(key, size, ci, buf)
+}
+
+// PutFrom stores src[:size] straight from the caller's aligned buffer (no staging copy);
+// it zeroes src[size:alignUp(size)], the on-disk padding. See store.DirectWriter.
+func (e *Engine) PutFrom(key store.Key, src []byte, size int) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	if size <= 0 {
+		return fmt.Errorf("slab: put %s: size %d: %w", key.ID, size, store.ErrInvalid)
+	}
+	if int64(size) > e.cfg.MaxValueBytes {
+		return fmt.Errorf("slab: put %s: %d bytes, max %d: %w", key.ID, size, e.cfg.MaxValueBytes, store.ErrTooLarge)
+	}
+	if int64(len(src)) < alignUp(int64(size)) || !aligned(src) {
+		return fmt.Errorf("slab: put %s: source buffer of %d bytes is unaligned or shorter than %d: %w",
+			key.ID, len(src), alignUp(int64(size)), store.ErrInvalid)
+	}
+	return e.store(key, size, e.classFor(size), src)
+}
+
+// store writes buf[:size] (buf aligned, at least alignUp(size) long) as key's value in a
+// slot of class ci: payload, then record, then index.
+func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
+	cs := e.classes[ci].size
 	n := alignUp(int64(size))
 	clear(buf[size:n]) // the tail padding must not carry stale bytes of another value
 	crc := crc32.Checksum(buf[:size], castagnoli)
@@ -79,6 +107,9 @@ func (e *Engine) Put(key store.Key, size int, fill func(dst []byte) error) error
 		// would at rebuild.
 		sh.mu.Unlock()
 		e.killLocked(s, false)
+		// It was stored and at once superseded: report it so that accounting which charges
+		// every successful Put stays balanced.
+		e.observeLocked(key, int64(size), store.Replaced)
 		e.allocMu.Unlock()
 		return e.retire([]*slot{s})
 	}
@@ -90,6 +121,7 @@ func (e *Engine) Put(key store.Key, size int, fill func(dst []byte) error) error
 	e.notifyLocked() // a waiting Put may now evict this class
 	if old != nil {
 		e.killLocked(old, false) // replaced: the object count is unchanged
+		e.observeLocked(old.key, int64(old.length), store.Replaced)
 	} else {
 		e.objects++
 	}
@@ -110,31 +142,70 @@ func (e *Engine) Get(key store.Key, fn func(value []byte) error) error {
 		return err
 	}
 	defer e.leave()
+	s, err := e.pin(key, "get")
+	if err != nil {
+		return err
+	}
+	defer e.unpin(s)
+	buf, err := e.bufs.get(s.ext.slotSize)
+	if err != nil {
+		return fmt.Errorf("slab: get %s: buffer of %d bytes: %w: %w", key.ID, s.ext.slotSize, store.ErrIO, err)
+	}
+	defer e.bufs.put(buf)
+	length, err := e.readPinned(key, s, buf)
+	if err != nil {
+		return err
+	}
+	return fn(buf[:length])
+}
+
+// ReadInto reads the whole value with one O_DIRECT read straight into dst and verifies its
+// CRC32C. See store.DirectReader.
+func (e *Engine) ReadInto(key store.Key, dst []byte) (int, error) {
+	if err := e.enter(); err != nil {
+		return 0, err
+	}
+	defer e.leave()
+	if !aligned(dst) {
+		return 0, fmt.Errorf("slab: read %s: destination buffer is not %d-aligned: %w", key.ID, blockSize, store.ErrInvalid)
+	}
+	s, err := e.pin(key, "read")
+	if err != nil {
+		return 0, err
+	}
+	defer e.unpin(s)
+	if length := int64(s.length); alignUp(length) > int64(len(dst)) {
+		return int(length), fmt.Errorf("slab: read %s: %d-byte value into %d bytes: %w", key.ID, length, len(dst), store.ErrBufferTooSmall)
+	}
+	return e.readPinned(key, s, dst)
+}
+
+// pin looks key up and pins its slot (and extent) against reuse.
+func (e *Engine) pin(key store.Key, op string) (*slot, error) {
 	sh := e.shardOf(key)
 	sh.mu.RLock()
 	s := sh.m[key]
 	if s == nil {
 		sh.mu.RUnlock()
-		return fmt.Errorf("slab: get %s: %w", key.ID, store.ErrNotFound)
+		return nil, fmt.Errorf("slab: %s %s: %w", op, key.ID, store.ErrNotFound)
 	}
 	s.pins.Add(1)
-	ext := s.ext
-	ext.pins.Add(1)
-	length, crc := int64(s.length), s.crc
+	s.ext.pins.Add(1)
 	sh.mu.RUnlock()
-	defer e.unpin(s)
-
 	s.ref.Store(true)
-	ext.lastAccess.Store(e.tick.Add(1))
-	buf, err := e.bufs.get(ext.slotSize)
-	if err != nil {
-		return fmt.Errorf("slab: get %s: buffer of %d bytes: %w: %w", key.ID, ext.slotSize, store.ErrIO, err)
-	}
-	defer e.bufs.put(buf)
+	s.ext.lastAccess.Store(e.tick.Add(1))
+	return s, nil
+}
+
+// readPinned reads a pinned slot's payload into buf (aligned, at least alignUp(length)
+// long) and verifies it; a mismatch drops the value.
+func (e *Engine) readPinned(key store.Key, s *slot, buf []byte) (int, error) {
+	ext := s.ext
+	length, crc := int64(s.length), s.crc
 	n := alignUp(length)
 	if err := preadFull(ext.fd, buf[:n], int64(s.idx)*ext.slotSize); err != nil {
 		e.nIO.Add(1)
-		return fmt.Errorf("slab: get %s: read extent %d slot %d: %w", key.ID, ext.idx, s.idx, ioErr(err))
+		return 0, fmt.Errorf("slab: get %s: read extent %d slot %d: %w", key.ID, ext.idx, s.idx, ioErr(err))
 	}
 	e.nReads.Add(1)
 	e.nReadBytes.Add(n)
@@ -142,9 +213,13 @@ func (e *Engine) Get(key store.Key, fn func(value []byte) error) error {
 		e.nCorrupt.Add(1)
 		e.drop(key, s)
 		e.log.Warn("slab: payload CRC mismatch; value dropped", "object", key.ID.String(), "extent", ext.idx, "slot", s.idx)
-		return fmt.Errorf("slab: get %s: extent %d slot %d: %w: %w", key.ID, ext.idx, s.idx, store.ErrNotFound, store.ErrCorrupt)
+		return 0, fmt.Errorf("slab: get %s: extent %d slot %d: %w: %w", key.ID, ext.idx, s.idx, store.ErrNotFound, store.ErrCorrupt)
 	}
-	return fn(buf[:length])
+	return int(length), nil
+}
+
+func aligned(b []byte) bool {
+	return len(b) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%blockSize == 0
 }
 
 // Stat returns the stored length of a value.
@@ -181,6 +256,7 @@ func (e *Engine) Remove(key store.Key) error {
 	delete(sh.m, key)
 	sh.mu.Unlock()
 	e.killLocked(s, true)
+	e.observeLocked(key, int64(s.length), store.Removed)
 	e.allocMu.Unlock()
 	if err := e.retire([]*slot{s}); err != nil {
 		return fmt.Errorf("slab: remove %s: %w", key.ID, err)
@@ -201,6 +277,7 @@ func (e *Engine) drop(key store.Key, s *slot) {
 	delete(sh.m, key)
 	sh.mu.Unlock()
 	e.killLocked(s, true)
+	e.observeLocked(key, int64(s.length), store.Dropped)
 	e.allocMu.Unlock()
 	_ = e.retire([]*slot{s})
 }

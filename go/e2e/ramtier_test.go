@@ -1,0 +1,195 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dfkv/dfkv/go/client"
+)
+
+// kill -9 with the RAM tier on (write-through, coalescing): no acknowledged write is lost,
+// and no GET, during the storm or after the restart, returns bytes that were not written.
+func TestRAMTierKillDuringWriteStorm(t *testing.T) {
+	if engine() == "mem" {
+		t.Skip("the mem engine is not persistent")
+	}
+	dir := t.TempDir()
+	flags := []string{"--cap", "2GiB", "--max-msg", "4MiB", "--ram-tier", "--ram-tier-bytes", "64MiB",
+		"--ram-tier-shards", "4", "--read-coalesce"}
+	s := startServer(t, dir, flags...)
+	c := newClient(t, s.addr)
+	r := rand.New(rand.NewPCG(31, 32))
+	type rec struct {
+		key  string
+		size int
+	}
+	var before []rec
+	for i := 0; i < 60; i++ {
+		k := fmt.Sprintf("before-%d", i)
+		n := logUniform(r, 4<<10, 2<<20)
+		if err := c.Put([]byte(k), value(k, 0, n)); err != nil {
+			t.Fatal(err)
+		}
+		before = append(before, rec{k, n})
+	}
+	var mu sync.Mutex
+	acked := map[string]int{}
+	attempted := map[string]int{}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var total, reads atomic.Int64
+	var wrong atomic.Value
+	for w := 0; w < 6; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rr := rand.New(rand.NewPCG(uint64(w), 77))
+			for i := 0; !stop.Load() && i < 100000; i++ {
+				k := fmt.Sprintf("storm-%d-%d", w, i)
+				n := logUniform(rr, 4<<10, 1<<20)
+				mu.Lock()
+				attempted[k] = n
+				mu.Unlock()
+				if err := c.Put([]byte(k), value(k, 0, n)); err != nil {
+					return // the server died under us
+				}
+				total.Add(1)
+				mu.Lock()
+				acked[k] = n
+				mu.Unlock()
+			}
+		}(w)
+	}
+	// Readers hammer the pre-storm keys (warm, evicted and promoted again) while writing.
+	for rd := 0; rd < 3; rd++ {
+		wg.Add(1)
+		go func(rd int) {
+			defer wg.Done()
+			buf := make([]byte, 2<<20)
+			for i := 0; !stop.Load(); i++ {
+				b := before[(rd*17+i)%len(before)]
+				n, err := c.GetAuto([]byte(b.key), buf)
+				if err != nil {
+					if stop.Load() {
+						return
+					}
+					continue // the kill may land mid-request
+				}
+				reads.Add(1)
+				if !bytes.Equal(buf[:n], value(b.key, 0, b.size)) {
+					wrong.Store(b.key)
+					return
+				}
+			}
+		}(rd)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for (total.Load() < 200 || reads.Load() < 100) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	hits := s.metric("dfkv_ram_hits_total")
+	s.kill()
+	stop.Store(true)
+	wg.Wait()
+	if k := wrong.Load(); k != nil {
+		t.Fatalf("GET of %s returned wrong bytes during the storm", k)
+	}
+	if total.Load() == 0 || hits == 0 {
+		t.Fatalf("the storm wrote %d values and served %v RAM hits before the kill", total.Load(), hits)
+	}
+	t.Logf("killed after %d acknowledged storm writes (%d attempted), %d reads, %v RAM hits", len(acked), len(attempted), reads.Load(), hits)
+
+	s.start()
+	c2 := newClient(t, s.addr)
+	buf := make([]byte, 2<<20)
+	check := func() int {
+		lost := 0
+		for _, b := range before {
+			n, err := c2.GetAuto([]byte(b.key), buf)
+			if err != nil || !bytes.Equal(buf[:n], value(b.key, 0, b.size)) {
+				t.Fatalf("pre-storm write %s lost or wrong after kill -9: n=%d err=%v", b.key, n, err)
+			}
+		}
+		for k, size := range attempted {
+			n, err := c2.GetAuto([]byte(k), buf)
+			switch {
+			case errors.Is(err, client.ErrNotFound):
+				if _, ok := acked[k]; ok {
+					lost++
+				}
+			case err != nil:
+				t.Fatalf("get %s: %v", k, err)
+			case !bytes.Equal(buf[:n], value(k, 0, size)):
+				t.Fatalf("storm key %s returned wrong bytes after kill -9 (%d bytes)", k, n)
+			}
+		}
+		return lost
+	}
+	// Twice: the first pass promotes from disk, the second is served from RAM.
+	for pass := 0; pass < 2; pass++ {
+		if lost := check(); lost > 0 {
+			t.Fatalf("pass %d: %d acknowledged storm writes lost (write-through is durable before the ack)", pass, lost)
+		}
+	}
+	if p := s.metric("dfkv_ram_promoted_total"); p == 0 {
+		t.Fatal("nothing was promoted after the restart")
+	}
+}
+
+// Over the real binary: warm GETs leave the device counters alone, tenant quotas answer
+// QuotaExceeded, and the dfkv_ram_*, coalescing and quota families are exported.
+func TestRAMTierWarmGetsAndQuota(t *testing.T) {
+	if engine() == "mem" {
+		t.Skip("device counters need a disk engine")
+	}
+	dir := t.TempDir()
+	s := startServer(t, dir, "--cap", "256MiB", "--max-msg", "2MiB", "--ram-tier", "--ram-tier-bytes", "32MiB",
+		"--read-coalesce", "--default-quota", "4MiB")
+	c := newClient(t, s.addr)
+	val := value("warm", 0, 1<<20)
+	if err := c.Put([]byte("warm"), val); err != nil {
+		t.Fatal(err)
+	}
+	reads := s.metric("dfkv_store_reads_total")
+	buf := make([]byte, 1<<20)
+	for i := 0; i < 20; i++ {
+		if err := c.Get([]byte("warm"), buf); err != nil || !bytes.Equal(buf, val) {
+			t.Fatalf("warm get: %v", err)
+		}
+	}
+	if after := s.metric("dfkv_store_reads_total"); after != reads {
+		t.Fatalf("warm GETs read the disk: %v -> %v device reads", reads, after)
+	}
+	if h := s.metric("dfkv_ram_hits_total"); h < 20 {
+		t.Fatalf("dfkv_ram_hits_total = %v", h)
+	}
+	s.metric("dfkv_read_coalesce_leaders_total")
+	s.metric("dfkv_ram_arena_bytes")
+	// 4 MiB per tenant: the fifth 1 MiB value is refused, a remove makes room again.
+	for i := 1; i < 4; i++ {
+		if err := c.Put([]byte(fmt.Sprintf("q%d", i)), val); err != nil {
+			t.Fatalf("put %d under quota: %v", i, err)
+		}
+	}
+	if err := c.Put([]byte("q4"), val); !errors.Is(err, client.ErrQuotaExceeded) {
+		t.Fatalf("put over quota: %v", err)
+	}
+	if err := c.Remove([]byte("q1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Put([]byte("q4"), val); err != nil {
+		t.Fatalf("put after remove: %v", err)
+	}
+	if u := s.metric("dfkv_quota_used_bytes"); u != 4<<20 {
+		t.Fatalf("dfkv_quota_used_bytes = %v", u)
+	}
+	if r := s.metric("dfkv_quota_rejected_total"); r != 1 {
+		t.Fatalf("dfkv_quota_rejected_total = %v", r)
+	}
+}

@@ -1,0 +1,195 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Optional engine capabilities. Wrappers (group, ramtier, coalesce, quota) forward the ones
+// their inner engines have; callers use the helpers below, which fall back to the plain
+// Engine methods where a capability is missing.
+
+// ErrBufferTooSmall: a caller buffer cannot hold the stored value (ReadInto). The stored
+// length is returned alongside so the caller can retry or fall back.
+var ErrBufferTooSmall = errors.New("store: buffer too small")
+
+// ErrQuotaExceeded: the tenant is over its byte quota (quota wrapper). The server answers
+// QuotaExceeded.
+var ErrQuotaExceeded = errors.New("store: tenant quota exceeded")
+
+// BlockSize is the O_DIRECT alignment: DirectReader and DirectWriter buffers start on a
+// BlockSize boundary and are at least AlignUp(length) bytes long.
+const BlockSize = 4096
+
+// AlignUp rounds n up to a multiple of BlockSize.
+func AlignUp(n int64) int64 { return (n + BlockSize - 1) &^ (BlockSize - 1) }
+
+// DirectReader reads a whole value straight into a caller buffer (for disk engines: one
+// O_DIRECT read into dst, no staging copy), verifying its checksum.
+type DirectReader interface {
+	// ReadInto reads the value of key into dst, which must be BlockSize-aligned and at least
+	// AlignUp(length) bytes long (the padded tail is overwritten). It returns the value
+	// length. When dst is too short it returns the stored length and ErrBufferTooSmall
+	// without reading. A value that fails verification is ErrNotFound wrapping ErrCorrupt.
+	ReadInto(key Key, dst []byte) (int, error)
+}
+
+// DirectWriter stores a value from a caller buffer without a staging copy.
+type DirectWriter interface {
+	// PutFrom stores src[:size]. src must be BlockSize-aligned and at least AlignUp(size)
+	// bytes long; the engine may zero src[size:AlignUp(size)] (on-disk padding). Durable and
+	// visible when it returns nil, like Put.
+	PutFrom(key Key, src []byte, size int) error
+}
+
+// RemovalReason says why a stored value left an engine.
+type RemovalReason uint8
+
+const (
+	Replaced RemovalReason = iota // a Put of the same key replaced it
+	Removed                       // Remove
+	Evicted                       // capacity eviction
+	Dropped                       // failed verification on read
+)
+
+func (r RemovalReason) String() string {
+	switch r {
+	case Replaced:
+		return "replaced"
+	case Removed:
+		return "removed"
+	case Evicted:
+		return "evicted"
+	case Dropped:
+		return "dropped"
+	}
+	return "unknown"
+}
+
+// RemovalObserver is told about every value that leaves an engine after a successful Put
+// made it visible: size is the value length in bytes. It may be called with engine locks
+// held, so it must be quick, must not block and must not call back into the engine.
+type RemovalObserver func(key Key, size int64, why RemovalReason)
+
+// Observable engines report removals (overwrite, remove, eviction, drop) so that
+// accounting layered above them (tenant quotas, RAM tiers) never drifts.
+type Observable interface {
+	// SetRemovalObserver installs fn (nil removes it); there is one observer per engine.
+	SetRemovalObserver(fn RemovalObserver)
+}
+
+// Lister enumerates the stored values, e.g. to rebuild accounting after a restart.
+type Lister interface {
+	// ForEach calls fn for every stored value until fn returns false. It sees a consistent
+	// view per internal shard only; concurrent writes may or may not be visited.
+	ForEach(fn func(key Key, size int64) bool)
+}
+
+// Unwrapper is implemented by engines that wrap another one.
+type Unwrapper interface {
+	Unwrap() Engine
+}
+
+// Find returns the first engine in e's wrapper chain (e included) that implements T.
+func Find[T any](e Engine) (T, bool) {
+	for e != nil {
+		if t, ok := e.(T); ok {
+			return t, true
+		}
+		u, ok := e.(Unwrapper)
+		if !ok {
+			break
+		}
+		e = u.Unwrap()
+	}
+	var zero T
+	return zero, false
+}
+
+// ReadInto reads key's whole value into dst: through DirectReader when e has it, else by
+// Get and one copy.
+func ReadInto(e Engine, key Key, dst []byte) (int, error) {
+	if d, ok := e.(DirectReader); ok {
+		return d.ReadInto(key, dst)
+	}
+	n := 0
+	err := e.Get(key, func(v []byte) error {
+		n = len(v)
+		if len(v) > len(dst) {
+			return fmt.Errorf("value of %d bytes into %d: %w", len(v), len(dst), ErrBufferTooSmall)
+		}
+		copy(dst, v)
+		return nil
+	})
+	return n, err
+}
+
+// PutFrom stores src[:size]: through DirectWriter when e has it, else by Put and one copy.
+func PutFrom(e Engine, key Key, src []byte, size int) error {
+	if d, ok := e.(DirectWriter); ok {
+		return d.PutFrom(key, src, size)
+	}
+	return e.Put(key, size, func(dst []byte) error {
+		copy(dst, src[:size])
+		return nil
+	})
+}
+
+// SetRemovalObserver installs fn on the first Observable engine of e's wrapper chain and
+// reports whether there was one.
+func SetRemovalObserver(e Engine, fn RemovalObserver) bool {
+	if o, ok := Find[Observable](e); ok {
+		o.SetRemovalObserver(fn)
+		return true
+	}
+	return false
+}
+
+// RAMStats are the counters and gauges of a RAM hot tier.
+type RAMStats struct {
+	ArenaBytes        int64 // arena size
+	UsedBytes         int64 // bytes held by slots (live, reserved or waiting for reuse)
+	LiveBytes         int64 // bytes of values servable from RAM
+	Objects           int64 // values servable from RAM
+	Pinned            int64 // slots pinned by in-flight I/O right now
+	Backlog           int64 // slots being filled (disk read or socket read in flight)
+	Hits              int64
+	Misses            int64
+	Promoted          int64 // values read from disk into the arena
+	Evictions         int64
+	EvictedBytes      int64
+	BackpressureWaits int64 // allocations that had to wait for pinned slots to drain
+	Bypassed          int64 // requests served around the tier (no room in time, too large)
+}
+
+// RAMTier is implemented by RAM hot tiers.
+type RAMTier interface {
+	RAMStats() RAMStats
+}
+
+// CoalesceStats count read coalescing.
+type CoalesceStats struct {
+	Leaders   int64 // reads that went to the disk on behalf of a flight
+	Coalesced int64 // reads served by another read's flight
+	Timeouts  int64 // followers that gave up on a stalled leader and read on their own
+}
+
+// Coalescer is implemented by engines that coalesce concurrent identical reads.
+type Coalescer interface {
+	Coalescing() bool // coalescing is on
+	CoalesceStats() CoalesceStats
+}
+
+// TenantUsage is one row of per-tenant quota accounting. Tenant is the label: the name
+// (or hash) given in the quota file, or "other" for every tenant not listed there.
+type TenantUsage struct {
+	Tenant     string
+	UsedBytes  int64
+	LimitBytes int64 // 0 = unlimited
+	Rejected   int64 // PUTs refused with QuotaExceeded
+}
+
+// QuotaReporter is implemented by quota-enforcing engines.
+type QuotaReporter interface {
+	TenantUsage() []TenantUsage
+}
