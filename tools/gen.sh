@@ -18,8 +18,8 @@ go_dst=$root/go/wire/fb
 py_dst=$root/python/dfkv/_fb
 if [ "${1:-}" = "--check" ]; then
   rc=0
-  diff -ru --exclude=doc.go --exclude=fb_test.go "$tmp/go" "$go_dst" || rc=1
-  diff -ru --exclude=__pycache__ "$tmp/py" "$py_dst" || rc=1
+  diff -ru --exclude=doc.go --exclude=fb_test.go --exclude=BUILD.bazel "$tmp/go" "$go_dst" || rc=1
+  diff -ru --exclude=__pycache__ --exclude=BUILD.bazel "$tmp/py" "$py_dst" || rc=1
   if [ $rc -ne 0 ]; then
     echo "gen.sh: checked-in FlatBuffers code is stale; run tools/gen.sh" >&2
     exit 1

@@ -25,6 +25,23 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing with apt-get: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+# Debian's etcd-server (3.4.x on bookworm) is the external etcd of the MDS end-to-end tests.
+# The package must not start its own daemon: the tests start etcd on loopback ports with a
+# temp data dir. policy-rc.d (exit 101) forbids service starts during the install.
+if ! command -v etcd >/dev/null; then
+  echo "installing etcd-server with apt-get (external etcd for the MDS e2e tests; daemon not started)"
+  rc_policy=/usr/sbin/policy-rc.d
+  created_policy=0
+  if [ ! -e "$rc_policy" ] && [ -w /usr/sbin ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$rc_policy" && chmod +x "$rc_policy" && created_policy=1
+  fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; } ||
+    echo "tools/test.sh: could not install etcd-server; TestMDSExternalEtcd will be skipped"
+  if [ $created_policy = 1 ]; then rm -f "$rc_policy"; fi
+  if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
+    systemctl stop etcd || true
+  fi
+fi
 py=${PYTHON:-python3}
 if ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
   echo "installing Python test packages (pytest, numpy) with pip"

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/transport"
 	"github.com/dfkv/dfkv/go/transport/tcp"
@@ -81,8 +83,16 @@ func New(opts Options) (*Client, error) {
 		opts.Logger = slog.Default()
 	}
 	opts.Namespace = append([]byte(nil), opts.Namespace...)
-	return &Client{opts: opts, tenant: identity.Tenant(opts.Tenant), m: newClientMetrics(), peers: map[string]*peer{}}, nil
+	c := &Client{opts: opts, tenant: identity.Tenant(opts.Tenant), m: newClientMetrics(), peers: map[string]*peer{}}
+	// A membership with its own metrics (MDS discovery) shows up in this client's snapshot.
+	if col, ok := opts.Membership.(prometheus.Collector); ok {
+		_ = c.m.reg.Register(col)
+	}
+	return c, nil
 }
+
+// View returns the routing snapshot the client currently uses.
+func (c *Client) View() *View { return c.opts.Membership.View() }
 
 // Close releases pooled connections. Requests after Close fail with ErrClosed.
 func (c *Client) Close() error {

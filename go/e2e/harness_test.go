@@ -34,7 +34,7 @@ func runMain(m *testing.M) int {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		for pkg, bin := range map[string]string{"server": "dfkv_server", "dfkvctl": "dfkvctl"} {
+		for pkg, bin := range map[string]string{"server": "dfkv_server", "dfkvctl": "dfkvctl", "mds": "dfkv_mds"} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, bin), "./go/cmd/"+pkg)
 			cmd.Dir = "../.."
 			if out, err := cmd.CombinedOutput(); err != nil {

@@ -91,3 +91,30 @@ func FuzzDecodeControl(f *testing.F) {
 		_, _ = DecodeStats(data)
 	})
 }
+
+func FuzzDecodeMds(f *testing.F) {
+	m := &Member{ID: "n1", Addr: "127.0.0.1:1", Weight: 2, Eligible: true, Config: []KV{{"engine", "slab"}}, Rails: []Rail{{Device: "d", QueryOK: true}}}
+	f.Add(EncodeMdsRequest(&MdsRequest{Op: fb.MdsOpRegisterMember, Group: "g", Member: m}))
+	f.Add(EncodeMdsRequest(&MdsRequest{Op: fb.MdsOpRegisterClient, Group: "g", Client: &ClientInfo{ID: "c", Info: []KV{{"a", "b"}}}}))
+	f.Add(EncodeMdsResponse(&MdsResponse{Topology: &Topology{MembersEpoch: 1, Members: []Member{*m}}}))
+	f.Add(EncodeMdsResponse(&MdsResponse{Clients: []ClientInfo{{ID: "c"}}}))
+	f.Add(EncodeMember(m))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if r, err := DecodeMdsRequest(data); err == nil {
+			if _, err := DecodeMdsRequest(EncodeMdsRequest(&r)); err != nil {
+				t.Fatalf("re-encoded request fails: %v", err)
+			}
+		}
+		if r, err := DecodeMdsResponse(data); err == nil {
+			if _, err := DecodeMdsResponse(EncodeMdsResponse(&r)); err != nil {
+				t.Fatalf("re-encoded response fails: %v", err)
+			}
+		}
+		if m, err := DecodeMember(data); err == nil {
+			if _, err := DecodeMember(EncodeMember(&m)); err != nil {
+				t.Fatalf("re-encoded member fails: %v", err)
+			}
+		}
+		_, _ = DecodeClientInfo(data)
+	})
+}

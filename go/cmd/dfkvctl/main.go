@@ -1,4 +1,5 @@
-// Command dfkvctl talks to dfkv nodes: put/get/exist/rm/stat on one node.
+// Command dfkvctl talks to dfkv nodes: put/get/exist/rm/stat on one node, and the cluster
+// views ring/clients/stats/stat --all through the MDS.
 //
 // Exit status: 0 success or hit, 1 clean miss, 2 error.
 package main
@@ -32,7 +33,12 @@ commands:
   exist KEY           print the stored length
   rm KEY              remove KEY
   stat                print the node's counters
-exit status: 0 ok/hit, 1 miss, 2 error. Flags read DFKV_<FLAG> too (DFKV_NODE, DFKV_NS).
+cluster views (through the MDS: --mds HOST:PORT[,...] [--group G] [--json]):
+  ring                members, address, weight, ring share, version and config
+  clients             registered clients (cache consumers) of the group
+  stats               ring totals (summed node counters) and the client count
+  stat --all          every node's counters and the aggregate
+exit status: 0 ok/hit, 1 miss, 2 error. Flags read DFKV_<FLAG> too (DFKV_NODE, DFKV_NS, DFKV_MDS).
 `)
 }
 
@@ -43,6 +49,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ns := fs.String("ns", "", "key namespace")
 	tenant := fs.String("tenant", "", "tenant (quota accounting)")
 	timeout := fs.Duration("timeout", 10*time.Second, "per-request I/O timeout")
+	var cf clusterFlags
+	fs.StringVar(&cf.mds, "mds", "", "MDS replicas host:port[,...] (cluster views)")
+	fs.StringVar(&cf.group, "group", "default", "MDS group (cluster views)")
+	fs.BoolVar(&cf.json, "json", false, "JSON output (cluster views)")
 	fs.Usage = func() { usage(stderr) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -58,6 +68,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(rest) == 0 {
 		usage(stderr)
 		return exitError
+	}
+	if clusterCommand(rest[0], rest[1:]) {
+		cf.timeout = min(*timeout, 5*time.Second)
+		return runCluster(rest[0], rest[1:], cf, stdout, stderr)
 	}
 	members, err := client.ParseMembers("node=" + *node)
 	if err != nil {

@@ -38,6 +38,8 @@ type options struct {
 	capacity, maxMsg, extent               cli.Size
 	firstReqMS, ioTimeoutMS, idleMS        int
 	showVersion                            bool
+	tier                                   tierOptions
+	mds                                    mdsFlags
 }
 
 func defaultDataDir() string {
@@ -68,6 +70,8 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.addrFile, "addr-file", "", "write the bound data address (host:port) to this file once listening")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	addTierFlags(fs, &o.tier)
+	o.mds.define(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dfkv_server [flags]\nEvery flag also reads DFKV_<FLAG> (e.g. --store-engine ↔ DFKV_STORE_ENGINE).\n\n")
 		fs.PrintDefaults()
@@ -79,6 +83,9 @@ func parse(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if err := cli.ApplyEnv(fs); err != nil {
+		return nil, err
+	}
+	if err := o.mds.validate(); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -127,6 +134,12 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if wrapped, err := wrapEngine(engine, o.tier, log); err != nil {
+		_ = engine.Close()
+		return err
+	} else {
+		engine = wrapped
+	}
 	closeEngine := func() {
 		if err := engine.Close(); err != nil {
 			log.Error("closing store", "err", err)
@@ -156,6 +169,7 @@ func serve(o *options, log *slog.Logger) error {
 		closeEngine()
 		return err
 	}
+	var nodeReg nodeRegistration
 	var httpSrv *metrics.HTTPServer
 	if o.metricsPort > 0 {
 		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
@@ -164,7 +178,7 @@ func serve(o *options, log *slog.Logger) error {
 				if !engine.Stats().Healthy {
 					return errors.New("store unhealthy")
 				}
-				return nil
+				return nodeReg.ready()
 			},
 		})
 		if err != nil {
@@ -186,6 +200,9 @@ func serve(o *options, log *slog.Logger) error {
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	if err := nodeReg.start(&o.mds, addr, log); err != nil {
+		log.Error("mds registration", "err", err)
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	var serveErr error
@@ -195,6 +212,7 @@ func serve(o *options, log *slog.Logger) error {
 	case serveErr = <-errc:
 		log.Error("listener failed", "err", serveErr)
 	}
+	nodeReg.stop(log) // leave the ring first, so clients stop routing here
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {

@@ -24,6 +24,7 @@ const (
 	OpStats       Op = 11
 	OpSgPut       Op = 12
 	OpSgGet       Op = 13
+	OpMds         Op = 14
 )
 
 var EnumNamesOp = map[Op]string{
@@ -41,6 +42,7 @@ var EnumNamesOp = map[Op]string{
 	OpStats:       "Stats",
 	OpSgPut:       "SgPut",
 	OpSgGet:       "SgGet",
+	OpMds:         "Mds",
 }
 
 var EnumValuesOp = map[string]Op{
@@ -58,6 +60,7 @@ var EnumValuesOp = map[string]Op{
 	"Stats":       OpStats,
 	"SgPut":       OpSgPut,
 	"SgGet":       OpSgGet,
+	"Mds":         OpMds,
 }
 
 func (v Op) String() string {

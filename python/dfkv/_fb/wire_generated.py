@@ -21,6 +21,7 @@ class Op(object):
     Stats = 11
     SgPut = 12
     SgGet = 13
+    Mds = 14
 
 
 class Status(object):

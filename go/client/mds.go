@@ -1,0 +1,329 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dfkv/dfkv/go/mdsclient"
+	"github.com/dfkv/dfkv/go/wire"
+	"github.com/dfkv/dfkv/go/wire/fb"
+)
+
+// MDSOptions configure MDS discovery (and, optionally, client registration).
+type MDSOptions struct {
+	Endpoints []string // MDS replicas, host:port
+	Group     string   // default "default"
+	// Poll is the topology poll period (default 3s).
+	Poll time.Duration
+	// ShrinkPolls: a topology that removes more than half of the current members is adopted
+	// only after this many consecutive polls returned such a shrink (default 3; 1 = at once).
+	ShrinkPolls int
+	// CallTimeout bounds one request to one replica (default 2s).
+	CallTimeout time.Duration
+	// InitialWait bounds the first topology fetch in NewMDSMembership (default 2×CallTimeout
+	// per replica). When no MDS answers in time the membership starts empty (every request is
+	// a miss) and keeps polling.
+	InitialWait time.Duration
+
+	// Register makes this process visible under the group's clients prefix (never in the
+	// ring). The environment DFKV_CLIENT_REGISTER=0 turns it off whatever is set here.
+	Register  bool
+	ClientID  string        // default "<hostname>-<pid>-<random>"
+	Info      []wire.KV     // client_info
+	Heartbeat time.Duration // default a third of the MDS lease TTL
+	Logger    *slog.Logger
+}
+
+// MDSMembership follows a group's topology through the MDS. It swaps in a new View
+// atomically when the MembersEpoch changes, keeps the last good view while no MDS answers,
+// and applies the shrink guard. It implements prometheus.Collector (dfkv_client_mds_*);
+// a Client built on it exports those families in its snapshot.
+type MDSMembership struct {
+	o      MDSOptions
+	rpc    *mdsclient.Client
+	holder *mdsclient.Holder
+	view   atomic.Pointer[View]
+
+	mu         sync.Mutex // serializes polls; guards the fields below
+	polled     int        // successful polls so far
+	shrinkSeen int        // consecutive polls that returned a guarded shrink
+	recent     []recentView
+	lastErr    error
+	stop       chan struct{}
+	done       chan struct{}
+	closeOnce  sync.Once
+
+	polls       *prometheus.CounterVec
+	viewChanges prometheus.Counter
+	shrinkHeld  prometheus.Counter
+	members     prometheus.Gauge
+	registered  prometheus.GaugeFunc
+	regErrors   prometheus.Counter
+}
+
+// recentView is a ring the client routed by within the last ShrinkPolls polls: the shrink
+// guard measures a candidate against all of them, so that a loss spread over several polls
+// (leases expiring one sweep apart) is judged as one.
+type recentView struct {
+	ids   map[string]bool
+	until int // poll after which it stopped being current; -1 while current
+}
+
+// ErrNoMDS: MDS discovery was asked for without endpoints.
+var ErrNoMDS = errors.New("dfkv: no MDS endpoints")
+
+// RegisterFromEnv applies the DFKV_CLIENT_REGISTER=0 opt-out to a requested registration.
+func RegisterFromEnv(requested bool) bool {
+	return requested && os.Getenv("DFKV_CLIENT_REGISTER") != "0"
+}
+
+// NewMDSMembership fetches the topology once (bounded by InitialWait) and starts polling.
+func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
+	if len(o.Endpoints) == 0 {
+		return nil, ErrNoMDS
+	}
+	if o.Group == "" {
+		o.Group = "default"
+	}
+	if o.Poll <= 0 {
+		o.Poll = 3 * time.Second
+	}
+	if o.ShrinkPolls <= 0 {
+		o.ShrinkPolls = 3
+	}
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = 2 * time.Second
+	}
+	if o.InitialWait <= 0 {
+		o.InitialWait = o.CallTimeout * time.Duration(len(o.Endpoints)+1)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	rpc, err := mdsclient.New(o.Endpoints, mdsclient.Options{CallTimeout: o.CallTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("dfkv: %w", err)
+	}
+	m := &MDSMembership{o: o, rpc: rpc, stop: make(chan struct{}), done: make(chan struct{})}
+	m.polls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_client_mds_polls_total", Help: "Topology polls by result (ok, error)."}, []string{"result"})
+	m.viewChanges = prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_client_mds_view_changes_total", Help: "Ring rebuilds after a MembersEpoch change."})
+	m.shrinkHeld = prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_client_mds_shrink_held_total", Help: "Polls whose topology shrank the ring by more than half and was held back by the shrink guard."})
+	m.members = prometheus.NewGauge(prometheus.GaugeOpts{Name: "dfkv_client_mds_members", Help: "Members in the ring the client routes by."})
+	m.regErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_client_mds_registration_errors_total", Help: "Failed client registration or heartbeat calls."})
+	m.registered = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dfkv_client_mds_registered", Help: "1 while this client is registered with the MDS."}, func() float64 {
+		if m.holder != nil && m.holder.Registered() {
+			return 1
+		}
+		return 0
+	})
+	empty, _ := NewView(nil, 0)
+	m.view.Store(empty)
+
+	ctx, cancel := context.WithTimeout(context.Background(), o.InitialWait)
+	if err := m.poll(ctx); err != nil {
+		o.Logger.Warn("dfkv: no topology from the MDS yet; starting with an empty ring and polling", "endpoints", o.Endpoints, "err", err)
+	}
+	cancel()
+
+	if RegisterFromEnv(o.Register) {
+		if err := m.startRegistration(); err != nil {
+			rpc.Close()
+			return nil, err
+		}
+	}
+	go m.loop()
+	return m, nil
+}
+
+func (m *MDSMembership) startRegistration() error {
+	id := m.o.ClientID
+	host, _ := os.Hostname()
+	if id == "" {
+		var rnd [4]byte
+		if _, err := rand.Read(rnd[:]); err != nil {
+			return fmt.Errorf("dfkv: client id: %w", err)
+		}
+		id = fmt.Sprintf("%s-%d-%x", host, os.Getpid(), rnd)
+	}
+	info := &wire.ClientInfo{ID: id, Info: m.o.Info, PID: uint64(os.Getpid()), Hostname: host, RegisteredUnixMS: uint64(time.Now().UnixMilli())}
+	// A separate RPC client: registration heartbeats must not queue behind a slow poll.
+	rpc, err := mdsclient.New(m.o.Endpoints, mdsclient.Options{CallTimeout: m.o.CallTimeout})
+	if err != nil {
+		return fmt.Errorf("dfkv: %w", err)
+	}
+	h, err := mdsclient.NewHolder(mdsclient.HolderConfig{Client: rpc, Group: m.o.Group, Info: info, Heartbeat: m.o.Heartbeat,
+		Logger: m.o.Logger, OnError: func(error) { m.regErrors.Inc() }})
+	if err != nil {
+		return fmt.Errorf("dfkv: %w", err)
+	}
+	m.holder = h
+	h.Start()
+	return nil
+}
+
+func (m *MDSMembership) loop() {
+	defer close(m.done)
+	t := time.NewTicker(m.o.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), m.o.CallTimeout*time.Duration(len(m.o.Endpoints)))
+		if err := m.poll(ctx); err != nil {
+			m.o.Logger.Debug("dfkv: topology poll failed; keeping the last good ring", "err", err)
+		}
+		cancel()
+	}
+}
+
+// poll fetches the topology once and applies it.
+func (m *MDSMembership) poll(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur := m.view.Load()
+	resp, _, err := m.rpc.Call(ctx, &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: m.o.Group, KnownMembersEpoch: cur.Epoch})
+	if err == nil && resp.Topology == nil {
+		err = fmt.Errorf("%w: topology reply without a topology", ErrProtocol)
+	}
+	if err != nil {
+		m.polls.WithLabelValues("error").Inc()
+		if m.lastErr == nil {
+			m.o.Logger.Warn("dfkv: MDS unreachable; keeping the last good ring", "err", err)
+		}
+		m.lastErr = err
+		return err
+	}
+	m.polls.WithLabelValues("ok").Inc()
+	m.polled++
+	if m.lastErr != nil {
+		m.o.Logger.Info("dfkv: MDS reachable again")
+		m.lastErr = nil
+	}
+	return m.apply(resp.Topology)
+}
+
+// apply installs topo when its MembersEpoch differs from the current view's, subject to the
+// shrink guard: a candidate that removes more than half of the members the client routed by
+// during the last ShrinkPolls polls is adopted only when ShrinkPolls consecutive polls
+// returned such a shrink. Callers hold m.mu.
+func (m *MDSMembership) apply(topo *wire.Topology) error {
+	cur := m.view.Load()
+	m.pruneRecent()
+	if topo.MembersEpoch == cur.Epoch {
+		m.shrinkSeen = 0
+		return nil
+	}
+	members := make([]Member, 0, len(topo.Members))
+	keep := map[string]bool{}
+	for _, tm := range topo.Members {
+		if tm.Eligible {
+			members = append(members, Member{ID: tm.ID, Addr: tm.Addr, Weight: tm.Weight})
+			keep[tm.ID] = true
+		}
+	}
+	ref := map[string]bool{}
+	for _, r := range m.recent {
+		for id := range r.ids {
+			ref[id] = true
+		}
+	}
+	removed := 0
+	for id := range ref {
+		if !keep[id] {
+			removed++
+		}
+	}
+	guarded := len(ref) > 0 && 2*removed > len(ref)
+	if guarded {
+		m.shrinkSeen++
+		if m.shrinkSeen < m.o.ShrinkPolls {
+			m.shrinkHeld.Inc()
+			m.o.Logger.Warn("dfkv: topology would remove more than half of the ring; holding it",
+				"recent", len(ref), "removed", removed, "poll", m.shrinkSeen, "of", m.o.ShrinkPolls)
+			return nil
+		}
+	}
+	m.shrinkSeen = 0
+	v, err := NewView(members, topo.MembersEpoch)
+	if err != nil {
+		return fmt.Errorf("dfkv: topology from the MDS rejected, keeping the last good ring: %w", err)
+	}
+	for i := range m.recent {
+		if m.recent[i].until < 0 {
+			m.recent[i].until = m.polled
+		}
+	}
+	if guarded {
+		m.recent = m.recent[:0] // the shrink persisted: it is the new reference
+	}
+	m.recent = append(m.recent, recentView{ids: keep, until: -1})
+	m.view.Store(v)
+	m.viewChanges.Inc()
+	m.members.Set(float64(len(v.Members)))
+	m.o.Logger.Info("dfkv: ring updated", "members", len(v.Members), "epoch", strconv.FormatUint(v.Epoch, 16))
+	return nil
+}
+
+// pruneRecent forgets views that stopped being current ShrinkPolls or more polls ago.
+func (m *MDSMembership) pruneRecent() {
+	out := m.recent[:0]
+	for _, r := range m.recent {
+		if r.until < 0 || m.polled-r.until < m.o.ShrinkPolls {
+			out = append(out, r)
+		}
+	}
+	m.recent = out
+}
+
+// View returns the current routing snapshot.
+func (m *MDSMembership) View() *View { return m.view.Load() }
+
+// Registered reports whether the client registration (if any) is currently live.
+func (m *MDSMembership) Registered() bool { return m.holder != nil && m.holder.Registered() }
+
+// Close stops polling and deregisters the client (bounded).
+func (m *MDSMembership) Close() error {
+	m.closeOnce.Do(func() {
+		close(m.stop)
+		<-m.done
+		if m.holder != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), m.o.CallTimeout)
+			_ = m.holder.Stop(ctx)
+			cancel()
+		}
+		m.rpc.Close()
+	})
+	return nil
+}
+
+// Describe and Collect make the membership a prometheus.Collector.
+func (m *MDSMembership) Describe(ch chan<- *prometheus.Desc) {
+	m.polls.Describe(ch)
+	m.viewChanges.Describe(ch)
+	m.shrinkHeld.Describe(ch)
+	m.members.Describe(ch)
+	m.regErrors.Describe(ch)
+	m.registered.Describe(ch)
+}
+
+func (m *MDSMembership) Collect(ch chan<- prometheus.Metric) {
+	m.polls.Collect(ch)
+	m.viewChanges.Collect(ch)
+	m.shrinkHeld.Collect(ch)
+	m.members.Collect(ch)
+	m.regErrors.Collect(ch)
+	m.registered.Collect(ch)
+}

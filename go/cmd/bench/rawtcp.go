@@ -1,0 +1,289 @@
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dfkv/dfkv/go/cmd/internal/cli"
+)
+
+// The raw TCP baseline protocol: the least work a request/reply store can do over TCP, the
+// "wire speed" reference. A request is a 16-byte header {op u32, len u64, pad u32} (little
+// endian); PUT carries len payload bytes, which the server reads into a per-connection
+// buffer and drops; GET asks for len bytes, which the server sends from one preallocated
+// buffer; EXIST asks for nothing. Every reply is a 16-byte header {status u32, len u64,
+// pad u32} followed, for GET, by len bytes. No keys, no storage, no lookups.
+const (
+	rawHdr   = 16
+	rawPut   = 1
+	rawGet   = 2
+	rawExist = 3
+
+	rawOK  = 0
+	rawBad = 1
+)
+
+func encodeRaw(b []byte, op uint32, n uint64) {
+	binary.LittleEndian.PutUint32(b[0:4], op)
+	binary.LittleEndian.PutUint64(b[4:12], n)
+	binary.LittleEndian.PutUint32(b[12:16], 0)
+}
+
+func decodeRaw(b []byte) (op uint32, n uint64) {
+	return binary.LittleEndian.Uint32(b[0:4]), binary.LittleEndian.Uint64(b[4:12])
+}
+
+// rawServe runs `dfkv_bench rawserver`: until SIGTERM/SIGINT.
+func rawServe(args []string) int {
+	fs := flag.NewFlagSet("dfkv_bench rawserver", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:0", "address to listen on")
+	addrFile := fs.String("addr-file", "", "write the bound host:port here once listening")
+	maxSize := cli.Size(64 << 20)
+	fs.Var(&maxSize, "max-size", "largest request payload / reply served")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return exitSetup
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dfkv_bench rawserver:", err)
+		return exitSetup
+	}
+	if *addrFile != "" {
+		tmp := *addrFile + ".tmp"
+		if err := os.WriteFile(tmp, []byte(ln.Addr().String()+"\n"), 0o644); err == nil {
+			err = os.Rename(tmp, *addrFile)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dfkv_bench rawserver:", err)
+			return exitSetup
+		}
+	}
+	srv := newRawServer(int(maxSize))
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() { <-sig; ln.Close() }()
+	fmt.Fprintf(os.Stderr, "dfkv_bench rawserver: listening on %s\n", ln.Addr())
+	srv.serve(ln)
+	return 0
+}
+
+type rawServer struct {
+	src []byte // every GET reply's payload
+	max int
+	wg  sync.WaitGroup
+	mu  sync.Mutex
+	cs  map[net.Conn]struct{}
+}
+
+func newRawServer(maxSize int) *rawServer {
+	src := make([]byte, maxSize)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	return &rawServer{src: src, max: maxSize, cs: map[net.Conn]struct{}{}}
+}
+
+// serve accepts until ln closes, then closes every connection and waits for them.
+func (s *rawServer) serve(ln net.Listener) {
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			break
+		}
+		s.mu.Lock()
+		s.cs[nc] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.conn(nc)
+			s.mu.Lock()
+			delete(s.cs, nc)
+			s.mu.Unlock()
+		}()
+	}
+	s.mu.Lock()
+	for nc := range s.cs {
+		nc.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// conn serves one connection with one goroutine, reading through a 64 KiB buffered reader and
+// replying with one writev per GET (the same I/O pattern as the dfkv server, minus the work).
+func (s *rawServer) conn(nc net.Conn) {
+	defer nc.Close()
+	bad := func(why string, a ...any) {
+		fmt.Fprintf(os.Stderr, "dfkv_bench rawserver: closing %s: %s\n", nc.RemoteAddr(), fmt.Sprintf(why, a...))
+	}
+	br := bufio.NewReaderSize(nc, 64<<10)
+	var req, rep [rawHdr]byte
+	var sink []byte // PUT payloads land here (allocated once, at the first PUT's size)
+	var bufs net.Buffers
+	for {
+		if _, err := io.ReadFull(br, req[:]); err != nil {
+			return
+		}
+		op, n := decodeRaw(req[:])
+		if n > uint64(s.max) {
+			bad("request of %d bytes (max %d)", n, s.max)
+			encodeRaw(rep[:], rawBad, 0)
+			_, _ = nc.Write(rep[:])
+			return
+		}
+		switch op {
+		case rawPut:
+			if cap(sink) < int(n) {
+				sink = make([]byte, n)
+			}
+			if _, err := io.ReadFull(br, sink[:n]); err != nil {
+				bad("reading a %d-byte put: %v", n, err)
+				return
+			}
+			encodeRaw(rep[:], rawOK, 0)
+			if _, err := nc.Write(rep[:]); err != nil {
+				return
+			}
+		case rawGet:
+			encodeRaw(rep[:], rawOK, n)
+			bufs = append(bufs[:0], rep[:], s.src[:n])
+			b := bufs
+			if _, err := b.WriteTo(nc); err != nil {
+				return
+			}
+		case rawExist:
+			encodeRaw(rep[:], rawOK, 0)
+			if _, err := nc.Write(rep[:]); err != nil {
+				return
+			}
+		default:
+			bad("unknown op %d", op)
+			encodeRaw(rep[:], rawBad, 0)
+			_, _ = nc.Write(rep[:])
+			return
+		}
+	}
+}
+
+// rawConn is the client side: one TCP connection, calls of n items are pipelined (all
+// requests written, then all replies read).
+type rawConn struct {
+	nc      net.Conn
+	br      *bufio.Reader
+	timeout time.Duration
+	hdrs    []byte
+	bufs    net.Buffers
+	rep     [rawHdr]byte
+}
+
+func dialRaw(cfg targetConfig) (conn, error) {
+	nc, err := net.DialTimeout("tcp", cfg.addr, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &rawConn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10), timeout: cfg.ioTimeout,
+		hdrs: make([]byte, rawHdr*max(1, cfg.batch))}, nil
+}
+
+func (r *rawConn) close() error { return r.nc.Close() }
+
+func (r *rawConn) hdr(i int) []byte {
+	if len(r.hdrs) < (i+1)*rawHdr {
+		r.hdrs = append(r.hdrs, make([]byte, (i+1)*rawHdr-len(r.hdrs))...)
+	}
+	return r.hdrs[i*rawHdr : (i+1)*rawHdr]
+}
+
+// send writes n pipelined requests in one writev; sized[i] gives request i's length (nil: 0)
+// and is sent as its payload when withPayload.
+func (r *rawConn) send(op uint32, sized [][]byte, withPayload bool, n int) error {
+	_ = r.nc.SetDeadline(time.Now().Add(r.timeout))
+	r.bufs = r.bufs[:0]
+	for i := 0; i < n; i++ {
+		h := r.hdr(i)
+		var l uint64
+		if sized != nil {
+			l = uint64(len(sized[i]))
+		}
+		encodeRaw(h, op, l)
+		r.bufs = append(r.bufs, h)
+		if withPayload {
+			r.bufs = append(r.bufs, sized[i])
+		}
+	}
+	b := r.bufs
+	_, err := b.WriteTo(r.nc)
+	clear(r.bufs)
+	return err
+}
+
+func (r *rawConn) reply() (uint64, error) {
+	if _, err := io.ReadFull(r.br, r.rep[:]); err != nil {
+		return 0, err
+	}
+	st, n := decodeRaw(r.rep[:])
+	if st != rawOK {
+		return 0, fmt.Errorf("rawtcp: status %d", st)
+	}
+	return n, nil
+}
+
+func (r *rawConn) put(keys, vals [][]byte, res []error) error {
+	if err := r.send(rawPut, vals, true, len(keys)); err != nil {
+		return err
+	}
+	for i := range keys {
+		if _, err := r.reply(); err != nil {
+			return err
+		}
+		res[i] = nil
+	}
+	return nil
+}
+
+func (r *rawConn) get(keys, bufs [][]byte, res []error) error {
+	if err := r.send(rawGet, bufs, false, len(keys)); err != nil {
+		return err
+	}
+	for i := range keys {
+		n, err := r.reply()
+		if err != nil {
+			return err
+		}
+		if n != uint64(len(bufs[i])) {
+			return fmt.Errorf("rawtcp: %d-byte reply for %d", n, len(bufs[i]))
+		}
+		if _, err := io.ReadFull(r.br, bufs[i]); err != nil {
+			return err
+		}
+		res[i] = nil
+	}
+	return nil
+}
+
+func (r *rawConn) exist(keys [][]byte, res []error) error {
+	if err := r.send(rawExist, nil, false, len(keys)); err != nil {
+		return err
+	}
+	for i := range keys {
+		if _, err := r.reply(); err != nil {
+			return err
+		}
+		res[i] = nil
+	}
+	return nil
+}

@@ -1,0 +1,260 @@
+// Command dfkv_mds is the dfkv membership directory: a stateless front for etcd that cache
+// nodes register with and clients poll for the topology. Run any number of replicas
+// against one etcd; nodes and clients fail over between them by themselves.
+//
+//	dfkv_mds --listen 9400 --etcd embedded:/var/lib/dfkv/etcd    single box (default)
+//	dfkv_mds --listen 9400 --etcd 10.0.0.1:2379,10.0.0.2:2379     external etcd
+//
+// Every flag has a DFKV_* environment twin (--lease-ttl ↔ DFKV_LEASE_TTL), like
+// dfkv_server's.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/dfkv/dfkv/go/cmd/internal/cli"
+	"github.com/dfkv/dfkv/go/mds"
+	"github.com/dfkv/dfkv/go/metrics"
+	"github.com/dfkv/dfkv/go/version"
+)
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+type options struct {
+	host, listen, etcd, addrFile, logLevel string
+	etcdClientAddr, etcdPeerAddr           string
+	leaseTTL, etcdTimeout, probeInterval   time.Duration
+	metricsPort, maxConns, firstReqMS      int
+	showVersion                            bool
+}
+
+func defaultEtcdDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "dfkv", "etcd")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "share", "dfkv", "etcd")
+	}
+	return filepath.Join(os.TempDir(), "dfkv-etcd")
+}
+
+func parse(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("dfkv_mds", flag.ContinueOnError)
+	fs.StringVar(&o.host, "host", "127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
+	fs.StringVar(&o.listen, "listen", "9400", "MDS port (0 picks a free one), or HOST:PORT")
+	fs.StringVar(&o.etcd, "etcd", "embedded:"+defaultEtcdDir(), "etcd endpoints host:port[,...], or embedded:DIR to run etcd in-process")
+	fs.StringVar(&o.etcdClientAddr, "etcd-client-addr", "127.0.0.1:2379", "embedded etcd: client listener (other MDS replicas may use it as --etcd)")
+	fs.StringVar(&o.etcdPeerAddr, "etcd-peer-addr", "127.0.0.1:2380", "embedded etcd: peer listener")
+	fs.DurationVar(&o.leaseTTL, "lease-ttl", 30*time.Second, "lease of every registration: a holder that stops heartbeating leaves after it")
+	fs.DurationVar(&o.etcdTimeout, "etcd-timeout", 3*time.Second, "deadline of the etcd work of one request")
+	fs.DurationVar(&o.probeInterval, "ready-probe-interval", time.Second, "how often /readyz's etcd probe runs (the answer is cached)")
+	fs.IntVar(&o.metricsPort, "metrics-port", 0, "HTTP port for /metrics, /healthz, /readyz (0 = off)")
+	fs.IntVar(&o.maxConns, "max-conns", 1024, "open MDS connections allowed")
+	fs.IntVar(&o.firstReqMS, "first-req-ms", 10000, "a new connection must send its first request within this")
+	fs.StringVar(&o.addrFile, "addr-file", "", "write the bound MDS address (host:port) to this file once listening")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: dfkv_mds [flags]\nEvery flag also reads DFKV_<FLAG> (e.g. --lease-ttl ↔ DFKV_LEASE_TTL).\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if err := cli.ApplyEnv(fs); err != nil {
+		return nil, err
+	}
+	if o.leaseTTL < time.Second {
+		return nil, fmt.Errorf("--lease-ttl %v: at least 1s", o.leaseTTL)
+	}
+	if o.etcdTimeout <= 0 || o.probeInterval <= 0 {
+		return nil, errors.New("--etcd-timeout and --ready-probe-interval must be positive")
+	}
+	return o, nil
+}
+
+func run(args []string) int {
+	o, err := parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dfkv_mds:", err)
+		return 2
+	}
+	if o.showVersion {
+		fmt.Println("dfkv_mds", version.Version)
+		return 0
+	}
+	log, err := cli.Logger(o.logLevel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dfkv_mds:", err)
+		return 2
+	}
+	if err := serve(o, log); err != nil {
+		log.Error("dfkv_mds failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(o *options, log *slog.Logger) error {
+	var endpoints []string
+	mode := "external"
+	var emb *mds.Embedded
+	if dir, ok := strings.CutPrefix(o.etcd, "embedded:"); ok {
+		if dir == "" {
+			return errors.New("--etcd embedded:DIR needs a directory")
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("embedded etcd dir: %w", err)
+		}
+		var err error
+		emb, err = mds.StartEmbedded(mds.EmbeddedConfig{Dir: dir, ClientAddr: o.etcdClientAddr, PeerAddr: o.etcdPeerAddr})
+		if err != nil {
+			return err
+		}
+		defer emb.Close()
+		endpoints, mode = []string{emb.Endpoint}, "embedded"
+		log.Info("embedded etcd serving", "dir", dir, "client", emb.Endpoint)
+	} else {
+		for _, e := range strings.Split(o.etcd, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				endpoints = append(endpoints, e)
+			}
+		}
+		if len(endpoints) == 0 {
+			return errors.New("--etcd: no endpoints")
+		}
+	}
+	store, err := mds.NewEtcdStore(endpoints, o.etcdTimeout)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_mds_build_info", Help: "Build and etcd mode of this MDS."}, []string{"version", "etcd"})
+	buildInfo.WithLabelValues(version.Version, mode).Set(1)
+	reg.MustRegister(buildInfo)
+	m := mds.NewMetrics(reg)
+
+	svc, err := mds.NewService(mds.Config{Store: store, LeaseTTL: o.leaseTTL, CallTimeout: o.etcdTimeout, Logger: log, Metrics: m})
+	if err != nil {
+		return err
+	}
+	prober := mds.NewProber(store, o.probeInterval, min(o.etcdTimeout, o.probeInterval*2), 2, m)
+	prober.Start()
+	defer prober.Stop()
+	stopRefresh := refreshGauges(svc, m, o.etcdTimeout)
+	defer stopRefresh()
+
+	srv, err := mds.NewServer(mds.ServerConfig{Service: svc, MaxConns: o.maxConns,
+		FirstRequestTimeout: time.Duration(o.firstReqMS) * time.Millisecond, Logger: log, Metrics: m})
+	if err != nil {
+		return err
+	}
+	laddr := net.JoinHostPort(o.host, o.listen)
+	if strings.Contains(o.listen, ":") {
+		laddr = o.listen // --listen HOST:PORT
+	}
+	ln, err := net.Listen("tcp", laddr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	var httpSrv *metrics.HTTPServer
+	if o.metricsPort > 0 {
+		// /healthz is liveness only and never touches etcd; /readyz reads the prober's
+		// cached, debounced answer.
+		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
+			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log, Ready: prober.Ready,
+		})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		log.Info("metrics listening", "addr", httpSrv.Addr())
+	}
+	addr := ln.Addr().String()
+	if o.addrFile != "" {
+		tmp := o.addrFile + ".tmp"
+		if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err == nil {
+			err = os.Rename(tmp, o.addrFile)
+		}
+	}
+	log.Info("dfkv_mds listening", "addr", addr, "etcd", strings.Join(endpoints, ","), "mode", mode, "lease_ttl", o.leaseTTL, "version", version.Version)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	var embErr <-chan error
+	if emb != nil {
+		embErr = emb.Err()
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	var serveErr error
+	select {
+	case s := <-sig:
+		log.Info("stopping", "signal", s.String())
+	case serveErr = <-errc:
+		log.Error("listener failed", "err", serveErr)
+	case serveErr = <-embErr:
+		log.Error("embedded etcd failed", "err", serveErr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
+	if httpSrv != nil {
+		_ = httpSrv.Close(ctx)
+	}
+	log.Info("stopped")
+	if serveErr != nil && !errors.Is(serveErr, mds.ErrServerClosed) {
+		return serveErr
+	}
+	return nil
+}
+
+// refreshGauges keeps dfkv_mds_group_{members,clients} current for every group seen, even
+// when nobody lists it (e.g. only heartbeats arrive).
+func refreshGauges(svc *mds.Service, m *mds.Metrics, timeout time.Duration) func() {
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			for _, g := range m.Groups() {
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				_, _ = svc.Topology(ctx, g)
+				_, _ = svc.Clients(ctx, g)
+				cancel()
+			}
+		}
+	}()
+	return func() { close(stop); <-done }
+}
