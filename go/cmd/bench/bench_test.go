@@ -9,6 +9,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -393,5 +395,45 @@ func TestDfkvEndToEnd(t *testing.T) {
 	r, code = runJSON(t, "--node", addr, "--op", "put", "--size", "1KiB", "--keys", "10", "--duration", "200ms")
 	if code != exitOK || r.Items == 0 || time.Since(start) > 5*time.Second {
 		t.Fatalf("duration run: exit %d %+v after %v", code, r, time.Since(start))
+	}
+}
+
+func TestODirectEndToEnd(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "raw")
+	var errb bytes.Buffer
+	if code := odirectPrep([]string{"--file", path, "--bytes", "1MiB"}, &errb); code != exitOK {
+		t.Skipf("odirect-prep (O_DIRECT unsupported here?): exit %d: %s", code, errb.String())
+	}
+	for _, op := range []string{"get", "put", "mixed", "get"} {
+		r, code := runJSON(t, "--target", "odirect", "--file", path, "--op", op, "--size", "100KiB",
+			"--keys", "50", "--conns", "3", "--batch", "2", "--count", "60")
+		if code != exitOK || r.Items != 60 || r.Errors != 0 {
+			t.Fatalf("%s: exit %d %+v", op, code, r)
+		}
+		if op != "mixed" && r.Bytes != 60*100<<10 {
+			t.Errorf("%s: %d bytes moved", op, r.Bytes)
+		}
+	}
+	// A sector that does not carry its stamp (a misplaced read) is an error.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{9, 9, 9, 9, 9, 9, 9, 9}, 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if r, code := runJSON(t, "--target", "odirect", "--file", path, "--op", "get", "--size", "1MiB",
+		"--keys", "1", "--count", "1"); code != exitFail || r.Errors != 1 {
+		t.Fatalf("bad stamp: exit %d %+v", code, r)
+	}
+	for _, args := range [][]string{
+		{"--target", "odirect", "--count", "1"},                                   // no --file
+		{"--target", "odirect", "--file", path, "--size", "2MiB", "--count", "1"}, // file smaller than a block
+		{"--target", "odirect", "--file", path, "--op", "exist", "--count", "1"},
+	} {
+		if code := benchMain(args, io.Discard, io.Discard); code != exitSetup {
+			t.Errorf("%v: exit %d, want %d", args, code, exitSetup)
+		}
 	}
 }

@@ -1,16 +1,19 @@
 // Command dfkv_bench is dfkv's load generator and the harness that measures its baselines
 // with the same code, sizes, connection counts and percentiles.
 //
-//	dfkv_bench [--target dfkv|rawtcp|redis|memcached] --op put|get|exist|mixed --size 1MiB
+//	dfkv_bench [--target dfkv|rawtcp|redis|memcached|odirect] --op put|get|exist|mixed --size 1MiB
 //	           --conns 4 --batch 1 --keys N (--duration 10s | --count N) [--warmup 1s] [--seed]
-//	           [--members id=host:port,... | --node host:port | --addr host:port] [--json]
+//	           [--members id=host:port,... | --node host:port | --addr host:port | --file F] [--json]
 //	dfkv_bench rawserver --listen 127.0.0.1:0 --addr-file F   (the raw TCP baseline server)
+//	dfkv_bench odirect-prep --file F --bytes 384MiB           (the file --target odirect reads)
 //
 // Targets: dfkv drives dfkv nodes through the Go client (one client shared by every worker;
 // the client pools connections per peer); rawtcp drives `dfkv_bench rawserver`, a trivial
 // request/reply protocol that does no work beyond moving the bytes (the wire-speed
 // reference); redis speaks RESP2 SET/GET/EXISTS; memcached speaks the text protocol
-// (set/get, mg for exist). Each baseline worker owns one TCP connection. A call of --batch
+// (set/get, mg for exist); odirect does O_DIRECT preads/pwrites of whole blocks at
+// block-aligned offsets of a preallocated file (the device-speed reference for cold GETs;
+// see odirect.go). Each baseline worker owns one TCP connection. A call of --batch
 // items is the system's batch form (dfkv BatchPut/BatchGet/BatchExist) or, for the
 // baselines, that many pipelined requests.
 //
@@ -38,6 +41,9 @@ const (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "rawserver" {
 		os.Exit(rawServe(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "odirect-prep" {
+		os.Exit(odirectPrep(os.Args[2:], os.Stderr))
 	}
 	os.Exit(benchMain(os.Args[1:], os.Stdout, os.Stderr))
 }

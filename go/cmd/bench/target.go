@@ -34,7 +34,7 @@ type conn interface {
 }
 
 type targetConfig struct {
-	kind      string // dfkv, rawtcp, redis, memcached
+	kind      string // dfkv, rawtcp, redis, memcached, odirect
 	members   string // dfkv membership
 	addr      string // baselines (and a one-node dfkv)
 	ns        string
@@ -44,9 +44,11 @@ type targetConfig struct {
 	getAuto   bool
 	bconc     int
 	poolSize  int
+	file      string // odirect
+	verify    bool   // odirect checks its sector stamps itself
 }
 
-func openTarget(cfg targetConfig) (target, error) {
+func openTarget(cfg targetConfig, size int64) (target, error) {
 	switch cfg.kind {
 	case "dfkv":
 		return openDfkv(cfg)
@@ -56,8 +58,10 @@ func openTarget(cfg targetConfig) (target, error) {
 		return &tcpTarget{kind: "redis", cfg: cfg, dial: dialRedis}, nil
 	case "memcached":
 		return &tcpTarget{kind: "memcached", cfg: cfg, dial: dialMemcached}, nil
+	case "odirect":
+		return openODirectTarget(cfg, size)
 	}
-	return nil, fmt.Errorf("unknown --target %q (want dfkv, rawtcp, redis or memcached)", cfg.kind)
+	return nil, fmt.Errorf("unknown --target %q (want dfkv, rawtcp, redis, memcached or odirect)", cfg.kind)
 }
 
 // tcpTarget is a baseline reached over one plain TCP connection per worker.
