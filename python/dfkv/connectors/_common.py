@@ -1,0 +1,352 @@
+"""Pieces shared by the engine connectors: configuration, a lazily opened client, helpers.
+
+Configuration keys (the same names in every engine's extra-config dict; LMCache also
+accepts them under ``remote_storage_plugin.<plugin>.`` and ``dfkv.`` prefixes):
+
+==================== ========================== ============================================
+key                  environment fallback       meaning
+==================== ========================== ============================================
+members              DFKV_MEMBERS               static members "id=host:port[@w],..."
+mds_endpoints        DFKV_MDS                   MDS replicas "host:port,..." (discovery)
+mds_group            DFKV_MDS_GROUP             MDS group (default "default" in the library)
+mds_poll_ms          -                          MDS poll interval (0 = library default)
+register_with_mds    -                          register this consumer with the MDS (auto)
+client_id            -                          id used for MDS registration
+client_info          -                          "k=v,..." shown by ``dfkvctl clients``
+batch_concurrency    -                          connections per node per batch (0 = default)
+tenant               DFKV_TENANT                tenant in the namespace (quota tenant is the
+                                                process's DFKV_TENANT, read by the library)
+model                -                          model name (default: the engine's)
+revision             DFKV_MODEL_REVISION        model revision / weights hash ("" = none)
+reopen_interval_s    -                          seconds between attempts to open a client
+                                                after a failed open (default 5)
+==================== ========================== ============================================
+
+The client is opened on first use in the process that does the I/O (never at import or in
+a parent that may fork), and reopened after ``fork()``. A failure to open it is logged and
+turns every operation into a miss; connectors never raise into the engine's loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
+
+from .. import identity
+
+__all__ = [
+    "ClientConfig",
+    "LazyClient",
+    "dtype_name",
+    "fingerprint",
+    "leading_hits",
+    "page_hash_bytes",
+    "safe_call",
+]
+
+logger = logging.getLogger("dfkv.connectors")
+
+T = TypeVar("T")
+
+_KEYS = ("members", "mds_endpoints", "mds_group", "mds_poll_ms", "register_with_mds", "client_id",
+         "client_info", "client_heartbeat_ms", "batch_concurrency", "tenant", "model", "revision",
+         "reopen_interval_s")
+_ENV = {"members": "DFKV_MEMBERS", "mds_endpoints": "DFKV_MDS", "mds_group": "DFKV_MDS_GROUP",
+        "tenant": "DFKV_TENANT", "revision": "DFKV_MODEL_REVISION"}
+
+
+def _as_bool(v: Any) -> Optional[bool]:
+    if v is None or isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {v!r}")
+
+
+@dataclass
+class ClientConfig:
+    """Where the dfkv nodes are and how to open a client (see the module docstring)."""
+
+    members: Optional[str] = None
+    mds_endpoints: Optional[str] = None
+    mds_group: Optional[str] = None
+    mds_poll_ms: int = 0
+    register_with_mds: Optional[bool] = None
+    client_id: Optional[str] = None
+    client_info: Optional[str] = None
+    client_heartbeat_ms: int = 0
+    batch_concurrency: int = 0
+    tenant: str = ""
+    model: Optional[str] = None
+    revision: str = ""
+    reopen_interval_s: float = 5.0
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, cfg: Optional[Mapping[str, Any]], prefixes: Sequence[str] = ("",),
+                     env: bool = True) -> "ClientConfig":
+        """Read the keys from ``cfg`` (first matching prefix wins), then the environment."""
+        cfg = dict(cfg or {})
+        vals: Dict[str, Any] = {}
+        for k in _KEYS:
+            for p in prefixes:
+                if p + k in cfg and cfg[p + k] is not None and cfg[p + k] != "":
+                    vals[k] = cfg[p + k]
+                    break
+            if k not in vals and env and k in _ENV and os.environ.get(_ENV[k]):
+                vals[k] = os.environ[_ENV[k]]
+        out = cls(extra=cfg)
+        for k, v in vals.items():
+            if k in ("mds_poll_ms", "client_heartbeat_ms", "batch_concurrency"):
+                v = int(v)
+            elif k == "reopen_interval_s":
+                v = float(v)
+            elif k == "register_with_mds":
+                v = _as_bool(v)
+            elif k in ("members", "mds_endpoints") and not isinstance(v, str):
+                v = ",".join(str(x) for x in v)
+            elif k == "client_info" and isinstance(v, Mapping):
+                v = ",".join(f"{a}={b}" for a, b in v.items())
+            else:
+                v = str(v)
+            setattr(out, k, v)
+        return out
+
+    def require_endpoints(self, who: str) -> None:
+        if not self.members and not self.mds_endpoints:
+            raise ValueError(
+                f"{who}: no dfkv nodes configured; set 'members' (\"id=host:port,...\") or "
+                "'mds_endpoints' in the connector's extra config, or DFKV_MEMBERS / DFKV_MDS")
+
+    def client_kwargs(self) -> Dict[str, Any]:
+        return dict(
+            mds_endpoints=self.mds_endpoints or None, mds_group=self.mds_group or None,
+            mds_poll_ms=self.mds_poll_ms, register_with_mds=self.register_with_mds,
+            client_id=self.client_id, client_info=self.client_info,
+            client_heartbeat_ms=self.client_heartbeat_ms, batch_concurrency=self.batch_concurrency)
+
+
+class LazyClient:
+    """A ``dfkv.Client`` opened on first use, in the process that uses it.
+
+    ``get()`` returns the client, or None when it cannot be opened (logged; retried after
+    ``reopen_interval_s``). The namespace may be replaced before or after opening
+    (``set_namespace``); a changed namespace closes the current client.
+    """
+
+    def __init__(self, cfg: ClientConfig, namespace: bytes = b"", name: str = "dfkv"):
+        self.cfg = cfg
+        self.name = name
+        self._ns = bytes(namespace)
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._pid: Optional[int] = None
+        self._next_try = 0.0
+        self._closed = False
+
+    @property
+    def namespace(self) -> bytes:
+        return self._ns
+
+    def set_namespace(self, namespace: bytes) -> None:
+        namespace = bytes(namespace)
+        with self._lock:
+            if namespace == self._ns:
+                return
+            self._ns = namespace
+            old, self._client = self._client, None
+            self._next_try = 0.0
+        if old is not None and self._pid == os.getpid():
+            old.close()
+
+    def peek(self) -> Any:
+        """The open client, if any (no open attempt)."""
+        return self._client if self._pid == os.getpid() else None
+
+    def get(self) -> Any:
+        c = self._client
+        pid = os.getpid()
+        if c is not None and self._pid == pid:
+            return c
+        with self._lock:
+            if self._closed:
+                return None
+            if self._client is not None and self._pid == pid:
+                return self._client
+            if self._client is not None:  # inherited through fork(): drop, never touch
+                self._client = None
+                self._next_try = 0.0
+            now = time.monotonic()
+            if now < self._next_try:
+                return None
+            try:
+                from ..client import Client
+
+                self._client = Client(self.cfg.members or None, namespace=self._ns,
+                                      **self.cfg.client_kwargs())
+                self._pid = pid
+                logger.info("%s: dfkv client open (%s, members=%s, mds=%s)", self.name,
+                            self._client.transport_mode, self.cfg.members, self.cfg.mds_endpoints)
+                return self._client
+            except Exception as e:  # misconfiguration or no library: misses, logged
+                self._next_try = now + max(0.0, self.cfg.reopen_interval_s)
+                logger.error("%s: cannot open a dfkv client (every lookup is a miss until it "
+                             "opens): %s", self.name, e)
+                return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            c, self._client = self._client, None
+        if c is not None and self._pid == os.getpid():
+            try:
+                c.close()
+            except Exception:
+                pass
+
+
+def safe_call(what: str, default: T, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args)``; any exception is logged and turned into ``default`` (a miss)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        logger.warning("dfkv %s failed (treated as a miss): %s: %s", what, type(e).__name__, e,
+                       exc_info=logger.isEnabledFor(logging.DEBUG))
+        return default
+
+
+def leading_hits(flags: Iterable[bool]) -> int:
+    n = 0
+    for f in flags:
+        if not f:
+            break
+        n += 1
+    return n
+
+
+def page_hash_bytes(h: Any) -> bytes:
+    """An engine's page/chunk hash as the key's page-hash blob (1..256 bytes)."""
+    if isinstance(h, str):
+        b = h.encode("utf-8")
+    elif isinstance(h, (bytes, bytearray, memoryview)):
+        b = bytes(h)
+    elif isinstance(h, int) and not isinstance(h, bool):
+        b = h.to_bytes(max(1, (h.bit_length() + 8) // 8), "little", signed=True)
+    else:
+        b = repr(h).encode("utf-8")
+    if not b:
+        b = b"\x00"
+    if len(b) > 256:
+        b = b"sha256:" + hashlib.sha256(b).digest()
+    return b
+
+
+def fingerprint(desc: Mapping[str, Any]) -> bytes:
+    """16-byte layout fingerprint of a JSON-able description (canonical key order)."""
+    s = json.dumps(desc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(s.encode("utf-8")).digest()[:16]
+
+
+def dtype_name(dtype: Any) -> str:
+    """"bfloat16" for torch.bfloat16 / numpy dtypes / strings; "raw" when unknown."""
+    if dtype is None:
+        return "raw"
+    s = str(dtype)
+    for p in ("torch.", "numpy."):
+        if s.startswith(p):
+            s = s[len(p):]
+    s = s.strip() or "raw"
+    return s[:32]
+
+
+def build_namespace(**fields: Any) -> bytes:
+    """``identity.Namespace(**fields).encode()`` with over-long text fields trimmed."""
+    if "model" in fields and len(str(fields["model"]).encode()) > 1024:
+        fields["model"] = "sha256:" + hashlib.sha256(str(fields["model"]).encode()).hexdigest()
+    return identity.Namespace(**fields).encode()
+
+
+def addresses_segments(ptrs: Sequence[int], sizes: Sequence[int], n_items: int) -> List[List[Any]]:
+    """Split flat per-item pointer/size lists (as engines report them) into per-item
+    segment lists of ``RawBuffer`` (no copy: the buffers *are* the engine's memory)."""
+    from .._buffers import RawBuffer
+
+    if n_items <= 0:
+        return []
+    if len(ptrs) != len(sizes) or len(ptrs) % n_items:
+        raise ValueError(f"{len(ptrs)} buffers / {len(sizes)} sizes do not split into {n_items} items")
+    per = len(ptrs) // n_items
+    return [[RawBuffer(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)]
+            for i in range(n_items)]
+
+
+def _seg_total(segs: Sequence[Any]) -> int:
+    return sum(int(s.nbytes) for s in segs)
+
+
+def put_segments(client: Any, keys: Sequence[bytes], seg_lists: Sequence[Sequence[Any]]) -> List[bool]:
+    """Store item i as the concatenation of ``seg_lists[i]`` (RawBuffers).
+
+    Items within the library's scatter-gather limit go zero-copy through
+    ``dfkv_batch_put_sg``; an item with more segments is gathered into a bounce buffer first
+    (a documented Python-level copy, only for layouts beyond the limit).
+    """
+    import ctypes
+
+    n = len(keys)
+    out = [False] * n
+    limit = client.max_sg_segs
+    direct = [i for i in range(n) if 0 < len(seg_lists[i]) <= limit]
+    if direct:
+        oks = client.batch_put_sg([keys[i] for i in direct], [seg_lists[i] for i in direct])
+        for i, ok in zip(direct, oks):
+            out[i] = ok
+    for i in range(n):
+        if len(seg_lists[i]) > limit:
+            buf = bytearray(_seg_total(seg_lists[i]))
+            base = (ctypes.c_char * len(buf)).from_buffer(buf)
+            off = 0
+            for s in seg_lists[i]:
+                ctypes.memmove(ctypes.addressof(base) + off, s.addr, s.nbytes)
+                off += s.nbytes
+            del base
+            out[i] = client.put(keys[i], buf)
+    return out
+
+
+def get_segments(client: Any, keys: Sequence[bytes], seg_lists: Sequence[Sequence[Any]]) -> List[bool]:
+    """Read item i scattered across ``seg_lists[i]``; a hit only when the stored value is
+    exactly the segments' total size (a short or long value is a miss)."""
+    import ctypes
+
+    n = len(keys)
+    out = [False] * n
+    limit = client.max_sg_segs
+    direct = [i for i in range(n) if 0 < len(seg_lists[i]) <= limit]
+    if direct:
+        res = client.batch_get_auto_sg([keys[i] for i in direct], [seg_lists[i] for i in direct])
+        for i, (ok, length) in zip(direct, res):
+            out[i] = bool(ok) and length == _seg_total(seg_lists[i])
+    for i in range(n):
+        if len(seg_lists[i]) > limit:
+            total = _seg_total(seg_lists[i])
+            buf = bytearray(total)
+            ok, length = client.get_auto(keys[i], buf)
+            if ok and length == total:
+                base = (ctypes.c_char * total).from_buffer(buf)
+                off = 0
+                for s in seg_lists[i]:
+                    ctypes.memmove(s.addr, ctypes.addressof(base) + off, s.nbytes)
+                    off += s.nbytes
+                del base
+                out[i] = True
+    return out

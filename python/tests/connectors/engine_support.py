@@ -1,0 +1,337 @@
+"""Helpers for the engine-connector tests: engine imports, host-pool mirrors, builders.
+
+Engines are imported from their real PyPI packages (versions pinned in tools/test.sh and
+python/pyproject.toml); a test module skips, with the reason, when its engine is absent.
+
+The one thing copied from an engine is SGLang's host KV pool *page-address arithmetic*
+(``MirrorMHAHostPool`` / ``MirrorMLAHostPool``), because the real host pools
+(sglang/srt/mem_cache/pool_host/mha.py and mla.py in sglang 0.5.23) can only be built with a
+device KV pool behind them and pull in torchvision through their imports. The mirrors copy
+``get_page_buffer_meta`` (mha.py ``MHATokenToKVPoolHost.get_page_buffer_meta``, lines 817-876,
+and mla.py ``MLATokenToKVPoolHost.get_page_buffer_meta``, non-split layouts) and
+``init_kv_buffer``'s buffer shapes line for line over a real torch tensor. Everything else
+(``HiCacheStorage``, ``HiCacheStorageConfig``, ``StorageBackendFactory``, ``PoolTransfer`` ...)
+is the real SGLang code.
+
+This module is also imported by the subprocesses that read back what the test process
+wrote (``run_engine_script``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+HERE = Path(__file__).resolve().parent
+PYTHON_DIR = HERE.parents[1]
+
+SGLANG_VERSION = "0.5.23"
+LMCACHE_VERSION = "0.5.6"
+VLLM_VERSION = "0.33.0"
+TORCH_VERSION = "2.14.1"
+
+
+def run_engine_script(code: str, env: Optional[Dict[str, str]] = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter that imports dfkv from the source tree and this
+    helper module (the "second process" of the cross-process round trips)."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR), str(HERE), e.get("PYTHONPATH", "")])
+    e.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if env:
+        e.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------
+# SGLang host pool mirrors (see the module docstring for what is copied from where)
+
+
+class MirrorMHAHostPool:
+    """MHATokenToKVPoolHost's buffer and page-address arithmetic (sglang 0.5.23)."""
+
+    def __init__(self, layer_num: int, head_num: int, head_dim: int, page_size: int, size: int,
+                 layout: str = "page_first", dtype: Any = None):
+        import torch
+
+        self.layer_num, self.head_num, self.head_dim = layer_num, head_num, head_dim
+        self.page_size, self.size, self.layout = page_size, size, layout
+        self.dtype = dtype or torch.bfloat16
+        if layout == "layer_first":
+            dims = (2, self.layer_num, self.size, self.head_num, self.head_dim)
+        elif layout in ("page_first", "page_first_direct"):
+            dims = (2, self.size, self.layer_num, self.head_num, self.head_dim)
+        else:
+            raise ValueError(layout)
+        self.kv_buffer = torch.zeros(dims, dtype=self.dtype)
+
+    def get_page_buffer_meta(self, indices):  # mha.py:817-876, verbatim logic
+        assert len(indices) % self.page_size == 0
+        ptr_list = []
+        kv_buffer_data_ptr = self.kv_buffer.data_ptr()
+        indices = indices.tolist()
+        v_offset = self.layer_num * self.size * self.head_num * self.head_dim * self.dtype.itemsize
+        if self.layout == "layer_first":
+            for index in range(0, len(indices), self.page_size):
+                for layer_id in range(self.layer_num):
+                    k_ptr = (kv_buffer_data_ptr
+                             + indices[index] * self.head_num * self.head_dim * self.dtype.itemsize
+                             + layer_id * self.size * self.head_num * self.head_dim * self.dtype.itemsize)
+                    v_ptr = k_ptr + v_offset
+                    ptr_list.append(k_ptr)
+                    ptr_list.append(v_ptr)
+            element_size = self.dtype.itemsize * self.page_size * self.head_num * self.head_dim
+            element_size_list = [element_size] * len(ptr_list)
+        elif self.layout in ["page_first", "page_first_direct", "page_head"]:
+            for index in range(0, len(indices), self.page_size):
+                k_ptr = (kv_buffer_data_ptr
+                         + indices[index] * self.layer_num * self.head_num * self.head_dim * self.dtype.itemsize)
+                v_ptr = k_ptr + v_offset
+                ptr_list.append(k_ptr)
+                ptr_list.append(v_ptr)
+            element_size = (self.layer_num * self.dtype.itemsize * self.page_size * self.head_num
+                            * self.head_dim)
+            element_size_list = [element_size] * len(ptr_list)
+        else:
+            raise ValueError(f"Unsupported layout: {self.layout}")
+        return ptr_list, element_size_list
+
+    def page_bytes(self, page: int) -> bytes:
+        """The page's K then V bytes as the mirror lays them out (for assertions)."""
+        ps = self.page_size
+        if self.layout == "layer_first":
+            parts = []
+            for layer in range(self.layer_num):
+                parts.append(self.kv_buffer[0, layer, page * ps:(page + 1) * ps].contiguous())
+                parts.append(self.kv_buffer[1, layer, page * ps:(page + 1) * ps].contiguous())
+        else:
+            parts = [self.kv_buffer[0, page * ps:(page + 1) * ps].contiguous(),
+                     self.kv_buffer[1, page * ps:(page + 1) * ps].contiguous()]
+        return b"".join(p.view(-1).view(__import__("torch").uint8).numpy().tobytes() for p in parts)
+
+    def fill(self, seed: int) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        self.kv_buffer.copy_(torch.randn(self.kv_buffer.shape, generator=g).to(self.dtype))
+
+
+class MirrorMLAHostPool:
+    """MLATokenToKVPoolHost (non-split layouts, no DCP) buffer and page addresses."""
+
+    def __init__(self, layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, page_size: int,
+                 size: int, layout: str = "page_first", dtype: Any = None):
+        import torch
+
+        self.layer_num, self.page_size, self.size, self.layout = layer_num, page_size, size, layout
+        self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
+        self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
+        self.logical_page_size = page_size
+        self.dtype = dtype or torch.bfloat16
+        if layout == "layer_first":
+            dims = (self.layer_num, self.size, 1, self.kv_cache_dim)
+        else:
+            dims = (self.size, self.layer_num, 1, self.kv_cache_dim)
+        self.kv_buffer = torch.zeros(dims, dtype=self.dtype)
+
+    def _storage_page_index(self, index: int) -> int:
+        return index
+
+    def get_page_buffer_meta(self, indices):  # mla.py, non-split branch
+        assert len(indices) % self.logical_page_size == 0
+        ptr_list = []
+        kv_buffer_data_ptr = self.kv_buffer.data_ptr()
+        indices = indices.tolist()
+        page_starts = [self._storage_page_index(index) for index in indices[:: self.logical_page_size]]
+        if self.layout == "layer_first":
+            for index in page_starts:
+                for layer_id in range(self.layer_num):
+                    ptr_list.append(kv_buffer_data_ptr + index * self.kv_cache_dim * self.dtype.itemsize
+                                    + layer_id * self.size * self.kv_cache_dim * self.dtype.itemsize)
+            element_size = self.dtype.itemsize * self.page_size * self.kv_cache_dim
+        else:
+            for index in page_starts:
+                ptr_list.append(kv_buffer_data_ptr + index * self.layer_num * self.kv_cache_dim * self.dtype.itemsize)
+            element_size = self.layer_num * self.dtype.itemsize * self.page_size * self.kv_cache_dim
+        return ptr_list, [element_size] * len(ptr_list)
+
+    def fill(self, seed: int) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        self.kv_buffer.copy_(torch.randn(self.kv_buffer.shape, generator=g).to(self.dtype))
+
+
+def sglang_backend(members: str, tenant: str, pool: Any, *, tp_rank: int = 0, tp_size: int = 1,
+                   mla: bool = False, extra: Optional[Dict[str, Any]] = None) -> Any:
+    """Build the dfkv backend exactly as SGLang does: HiCacheStorageConfig + the real
+    StorageBackendFactory's dynamic path, then register_mem_pool_host."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    cfg = {"backend_name": "dfkv", "module_path": "dfkv.connectors.sglang_hicache",
+           "class_name": "DfkvHiCacheStorage", "interface_v1": 1, "members": members,
+           "tenant": tenant}
+    cfg.update(extra or {})
+    sc = HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                              attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
+                              is_page_first_layout=True, model_name="dfkv-test/tiny-model",
+                              extra_config=cfg)
+    backend = StorageBackendFactory.create_backend("dynamic", sc, pool)
+    backend.register_mem_pool_host(pool)
+    return backend
+
+
+def page_keys(tag: str, n: int) -> list:
+    import hashlib
+
+    return [hashlib.sha256(f"{tag}/{i}".encode()).hexdigest() for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------
+# LMCache
+
+
+def lmcache_parts(members: str, tenant: str, *, chunk: int = 16, layers: int = 2, heads: int = 2,
+                  head_dim: int = 8, url: Optional[str] = None):
+    """(config, metadata, local_cpu_backend) as LMCache builds them for a worker, with the dfkv
+    adapter registered through remote_storage_plugins + extra_config (LMCache's own keys)."""
+    import torch
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+    extra = {
+        "remote_storage_plugin.dfkv.module_path": "dfkv.connectors.lmcache_remote",
+        "remote_storage_plugin.dfkv.class_name": "DfkvConnectorAdapter",
+        "remote_storage_plugin.dfkv.members": members,
+        "remote_storage_plugin.dfkv.tenant": tenant,
+        "save_chunk_meta": False,
+    }
+    kwargs = dict(chunk_size=chunk, local_cpu=True, max_local_cpu_size=0.05,
+                  remote_storage_plugins=["dfkv"], extra_config=extra, save_unfull_chunk=True)
+    if url is not None:
+        kwargs["remote_url"] = url
+    config = LMCacheEngineConfig.from_defaults(**kwargs)
+    metadata = LMCacheMetadata(model_name="dfkv-test/tiny-model", world_size=1, local_world_size=1,
+                               worker_id=0, local_worker_id=0, kv_dtype=torch.bfloat16,
+                               kv_shape=(layers, 2, chunk, heads, head_dim), chunk_size=chunk)
+    backend = LocalCPUBackend(config, metadata)
+    return config, metadata, backend
+
+
+def lmcache_key(chunk_hash: int, model: str = "dfkv-test/tiny-model"):
+    import torch
+    from lmcache.utils import CacheEngineKey
+
+    return CacheEngineKey(model_name=model, world_size=1, worker_id=0, chunk_hash=chunk_hash,
+                          dtype=torch.bfloat16)
+
+
+def lmcache_connector(loop, members: str, tenant: str, url: str = "plugin://dfkv", **kw):
+    """The connector LMCache's RemoteBackend would use: built by the real ConnectorManager
+    (CreateConnector), which loads the adapter from remote_storage_plugins/extra_config."""
+    from lmcache.v1.storage_backend.connector import CreateConnector
+
+    config, metadata, backend = lmcache_parts(members, tenant, **kw)
+    conn = CreateConnector(url, loop, backend, config, metadata, plugin_name="dfkv")
+    return conn, backend
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM
+
+VLLM_LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+VLLM_BLOCK, VLLM_NUM_BLOCKS, VLLM_HEADS, VLLM_HEAD = 4, 16, 2, 8
+
+
+def vllm_configs(members: str, tenant: str, **extra: Any):
+    """A real VllmConfig (CPU device) with --kv-transfer-config pointing at the dfkv module,
+    and a KVCacheConfig of one full-attention group."""
+    import torch
+    from vllm.config import DeviceConfig, KVTransferConfig, VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    ktc = KVTransferConfig(kv_connector="DfkvConnector", kv_connector_module_path="dfkv.connectors.vllm_v1",
+                           kv_role="kv_both",
+                           kv_connector_extra_config={"members": members, "tenant": tenant,
+                                                      "model": "dfkv-test/tiny-model", **extra})
+    cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), kv_transfer_config=ktc)
+    cfg.cache_config.block_size = VLLM_BLOCK
+    spec = FullAttentionSpec(block_size=VLLM_BLOCK, num_kv_heads=VLLM_HEADS, head_size=VLLM_HEAD,
+                             dtype=torch.bfloat16)
+    kvc = KVCacheConfig(num_blocks=VLLM_NUM_BLOCKS, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(layer_names=list(VLLM_LAYERS), kv_cache_spec=spec)])
+    return cfg, kvc
+
+
+def vllm_connectors(members: str, tenant: str, **extra: Any):
+    """(scheduler-side, worker-side, kv_caches) built by vLLM's own KVConnectorFactory."""
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+
+    cfg, kvc = vllm_configs(members, tenant, **extra)
+    sched = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvc)
+    worker = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kvc)
+    # FlashAttention's paged layout: (2, num_blocks, block_size, num_kv_heads, head_size)
+    caches = {n: torch.zeros(2, VLLM_NUM_BLOCKS, VLLM_BLOCK, VLLM_HEADS, VLLM_HEAD, dtype=torch.bfloat16)
+              for n in VLLM_LAYERS}
+    worker.register_kv_caches(caches)
+    return sched, worker, caches
+
+
+def vllm_request(req_id: str, tokens: list):
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256_cbor)
+    return Request(request_id=req_id, prompt_token_ids=list(tokens), sampling_params=SamplingParams(max_tokens=1),
+                   pooling_params=None, block_hasher=get_request_block_hasher(VLLM_BLOCK, sha256_cbor))
+
+
+def vllm_blocks(ids: list):
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+    return KVCacheBlocks((tuple(KVCacheBlock(i) for i in ids),))
+
+
+def vllm_step(sched: Any, worker: Any, new_reqs: list, block_ids: Dict[str, list]) -> Any:
+    """One engine step: the scheduler builds real SchedulerOutput/metadata for requests
+    scheduled in full, the worker binds it, loads, (forward), saves."""
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+    new = [NewRequestData.from_request(r, (list(block_ids[r.request_id]),)) for r in new_reqs]
+    sched_tokens = {r.request_id: len(r.prompt_token_ids) - r.num_computed_tokens for r in new_reqs}
+    so = SchedulerOutput(scheduled_new_reqs=new, scheduled_cached_reqs=CachedRequestData.make_empty(),
+                         num_scheduled_tokens=sched_tokens, total_num_scheduled_tokens=sum(sched_tokens.values()),
+                         scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(),
+                         free_encoder_mm_hashes=[])
+    meta = sched.build_connector_meta(so)
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(None)
+    for n in VLLM_LAYERS:
+        worker.wait_for_layer_load(n)
+    worker.wait_for_save()
+    worker.clear_connector_metadata()
+    return meta
+
+
+def block_digest(caches: Dict[str, Any], block_ids: list) -> str:
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for n in VLLM_LAYERS:
+        t = caches[n]
+        for b in block_ids:
+            h.update(t[:, b].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,173 @@
+"""vLLM KV connector against the real vLLM package, libdfkv.so and dfkv_server.
+
+Path taken: real ``vllm`` (0.33.0, installed with --no-deps by tools/test.sh): ``VllmConfig``
+(CPU device) with a real ``KVTransferConfig`` (kv_connector + kv_connector_module_path),
+``KVCacheConfig`` / ``FullAttentionSpec``, vLLM's ``KVConnectorFactory.create_connector`` for
+both roles, real ``Request`` objects with vLLM's own block hasher, ``KVCacheBlocks``,
+``NewRequestData`` and ``SchedulerOutput``. The paged KV tensors are CPU tensors in
+FlashAttention's layout. No vLLM code is copied.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (tools/test.sh installs it)")
+pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.factory",
+                    reason="vllm is not installed (tools/test.sh installs vllm==0.33.0 --no-deps)")
+
+import torch  # noqa: E402
+from engine_support import (  # noqa: E402
+    VLLM_BLOCK,
+    block_digest,
+    run_engine_script,
+    vllm_blocks,
+    vllm_connectors,
+    vllm_request,
+    vllm_step,
+)
+
+pytestmark = pytest.mark.server
+
+PROMPT = list(range(100, 114))  # 14 tokens: 3 full blocks of 4 can be hit (1 token recomputed)
+
+
+@pytest.fixture
+def tenant() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+def _fill(caches, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t in caches.values():
+        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+
+
+def _prefill_and_save(members, tenant, block_ids, seed=1):
+    sched, worker, caches = vllm_connectors(members, tenant)
+    _fill(caches, seed)
+    req = vllm_request("writer", PROMPT)
+    assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+    sched.update_state_after_alloc(req, vllm_blocks(block_ids), 0)
+    meta = vllm_step(sched, worker, [req], {"writer": block_ids})
+    assert [len(x.hashes) for x in meta.saves] == [3] and not meta.loads
+    return sched, worker, caches
+
+
+def test_factory_builds_hma_connector(members, tenant):
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, supports_hma
+
+    sched, worker, _ = vllm_connectors(members, tenant)
+    assert isinstance(sched, KVConnectorBase_V1) and supports_hma(sched)
+    assert type(sched).__module__ == "dfkv.connectors.vllm_v1"
+    cls = KVConnectorFactory.get_connector_class(sched._vllm_config.kv_transfer_config)
+    assert cls is type(sched)
+    assert sched.request_finished_all_groups(vllm_request("x", PROMPT), ([1],)) == (False, None)
+
+
+def test_prefix_hit_across_processes(members, tenant):
+    ids = [3, 4, 5, 6]
+    _, _, caches = _prefill_and_save(members, tenant, ids)
+    want = block_digest(caches, ids[:3])
+    r = run_engine_script(f"""
+        import json
+        from engine_support import *
+        sched, worker, caches = vllm_connectors({members!r}, {tenant!r})
+        req = vllm_request("reader", {PROMPT!r})
+        n, is_async = sched.get_num_new_matched_tokens(req, 0)
+        ids = [9, 10, 11, 12]
+        sched.update_state_after_alloc(req, vllm_blocks(ids), n)
+        req.num_computed_tokens = n
+        meta = vllm_step(sched, worker, [req], {{"reader": ids}})
+        print(json.dumps({{"n": n, "async": is_async, "loads": [len(x.hashes) for x in meta.loads],
+                           "saves": [len(x.hashes) for x in meta.saves],
+                           "errors": sorted(worker.get_block_ids_with_load_errors()),
+                           "digest": block_digest(caches, ids[:3]),
+                           "untouched": bool((caches[VLLM_LAYERS[0]][:, 12] == 0).all())}}))
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["n"] == 3 * VLLM_BLOCK and out["async"] is False
+    assert out["loads"] == [3] and out["saves"] == [] and out["errors"] == []
+    assert out["digest"] == want and out["untouched"]
+
+
+def test_partial_local_hit_loads_only_the_rest(members, tenant):
+    _prefill_and_save(members, tenant, [3, 4, 5, 6])
+    sched, worker, caches = vllm_connectors(members, tenant)
+    req = vllm_request("r", PROMPT)
+    assert sched.get_num_new_matched_tokens(req, VLLM_BLOCK) == (2 * VLLM_BLOCK, False)
+    assert sched.get_num_new_matched_tokens(req, 3 * VLLM_BLOCK) == (0, False)
+
+
+def test_load_failure_reports_blocks_without_writing_them(members, tenant):
+    import dfkv
+
+    _, writer, _ = _prefill_and_save(members, tenant, [3, 4, 5, 6], seed=5)
+    sched, worker, caches = vllm_connectors(members, tenant)
+    req = vllm_request("r", PROMPT)
+    n, _ = sched.get_num_new_matched_tokens(req, 0)
+    assert n == 3 * VLLM_BLOCK
+    # Between lookup and load, block 1's object becomes short and block 2's disappears.
+    hashes = [bytes(h) for h in req.block_hashes]
+    with dfkv.Client(members, namespace=worker._client.namespace) as c:
+        assert c.put(worker._key(hashes[1], 0, 0, 0), b"short")
+        assert c.remove(worker._key(hashes[2], 0, 0, 0))
+    for t in caches.values():
+        t.fill_(7)
+    ids = [9, 10, 11, 12]
+    sched.update_state_after_alloc(req, vllm_blocks(ids), n)
+    req.num_computed_tokens = n
+    vllm_step(sched, worker, [req], {"r": ids})
+    assert worker.get_block_ids_with_load_errors() == {10, 11}
+    assert worker.get_block_ids_with_load_errors() == set()  # reported once
+    for t in caches.values():
+        assert (t[:, 10] == 7).all() and (t[:, 11] == 7).all()  # not corrupted
+        assert not (t[:, 9] == 7).all()  # block 0 arrived
+
+
+def test_mla_rank0_writes_one_shared_object(members, tenant):
+    s0, w0, c0 = vllm_connectors(members, tenant, use_mla=True, tp_rank=0)
+    s1, w1, c1 = vllm_connectors(members, tenant, use_mla=True, tp_rank=1)
+    assert w0._key(b"h", 0, 0, 0) == w1._key(b"h", 0, 1, 0)  # no TP suffix
+    _fill(c0, 3)
+    _fill(c1, 4)
+    ids = [3, 4, 5, 6]
+    req = vllm_request("w", PROMPT)
+    s1.get_num_new_matched_tokens(req, 0)
+    s1.update_state_after_alloc(req, vllm_blocks(ids), 0)
+    vllm_step(s1, w1, [req], {"w": ids})  # rank 1: plans saves, writes nothing
+    assert s0.get_num_new_matched_tokens(vllm_request("q", PROMPT), 0) == (0, False)
+    req = vllm_request("w0", PROMPT)
+    s0.get_num_new_matched_tokens(req, 0)
+    s0.update_state_after_alloc(req, vllm_blocks(ids), 0)
+    vllm_step(s0, w0, [req], {"w0": ids})
+    assert s1.get_num_new_matched_tokens(vllm_request("q", PROMPT), 0) == (3 * VLLM_BLOCK, False)
+
+
+def test_dead_node_is_misses_fast(tenant):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    t0 = time.monotonic()
+    sched, worker, caches = vllm_connectors(f"n1=127.0.0.1:{port}", tenant)
+    req = vllm_request("r", PROMPT)
+    assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+    for t in caches.values():
+        t.fill_(1)
+    # a plan that claims a hit (as if the node died after the lookup): blocks are reported
+    sched._lookups["r"] = (0, 3)
+    sched.update_state_after_alloc(req, vllm_blocks([2, 3, 4, 5]), 3 * VLLM_BLOCK)
+    req.num_computed_tokens = 3 * VLLM_BLOCK
+    vllm_step(sched, worker, [req], {"r": [2, 3, 4, 5]})  # load fails, save is dropped
+    assert worker.get_block_ids_with_load_errors() == {2, 3, 4}
+    assert all((t == 1).all() for t in caches.values())
+    assert time.monotonic() - t0 < 30
