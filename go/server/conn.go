@@ -78,6 +78,12 @@ func (c *conn) serve() {
 		}
 		_ = c.nc.SetReadDeadline(time.Now().Add(wait))
 		c.state.Store(stateIdle)
+		// Shutdown sets draining before it interrupts idle connections: either it sees this
+		// connection idle and wakes it, or this check sees the flag. Without it, a connection
+		// that turned idle just after the sweep would block until its idle timeout.
+		if c.s.draining.Load() {
+			return
+		}
 		if _, err := io.ReadFull(c.br, c.hdr[:]); err != nil {
 			var ne net.Error
 			if c.first && errors.As(err, &ne) && ne.Timeout() && !c.s.draining.Load() {
