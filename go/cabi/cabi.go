@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/version"
@@ -130,10 +131,15 @@ func open(o *Options) (*Handle, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := client.New(client.Options{
+	copts := client.Options{
 		Membership: ms, Namespace: o.Namespace, Tenant: []byte(os.Getenv("DFKV_TENANT")),
 		BatchConcurrency: int(o.BatchConcurrency),
-	})
+	}
+	if err := applyTimeoutEnv(&copts); err != nil {
+		ms.Close()
+		return nil, err
+	}
+	c, err := client.New(copts)
 	if err != nil {
 		ms.Close()
 		return nil, err
@@ -337,3 +343,28 @@ func (h *Handle) StatsSnapshot() []byte { return h.c.Snapshot() }
 
 // Version is dfkv_version's answer.
 func Version() string { return version.Version }
+
+// Deadlines a deployment may tune without an ABI change (the options struct is frozen):
+// DFKV_CONNECT_TIMEOUT_MS (default 1000), DFKV_IO_TIMEOUT_MS (per request, default 5000) and
+// DFKV_PEER_COOLDOWN_MS (after a peer I/O failure, default 3000). A malformed value refuses
+// the open rather than silently running with a default.
+func applyTimeoutEnv(o *client.Options) error {
+	for _, t := range []struct {
+		env string
+		dst *time.Duration
+	}{
+		{"DFKV_CONNECT_TIMEOUT_MS", &o.ConnectTimeout},
+		{"DFKV_IO_TIMEOUT_MS", &o.IOTimeout},
+		{"DFKV_PEER_COOLDOWN_MS", &o.Cooldown},
+	} {
+		if _, set := os.LookupEnv(t.env); !set {
+			continue
+		}
+		ms, err := envInt(t.env, 0)
+		if err != nil {
+			return err
+		}
+		*t.dst = time.Duration(ms) * time.Millisecond
+	}
+	return nil
+}

@@ -98,3 +98,22 @@ func TestHandleLifecycleAndOutputs(t *testing.T) {
 	}
 	Close(id) // double close is harmless
 }
+
+func TestTimeoutEnv(t *testing.T) {
+	t.Setenv("DFKV_IO_TIMEOUT_MS", "250")
+	t.Setenv("DFKV_CONNECT_TIMEOUT_MS", "100")
+	o := good()
+	id := Open(&o)
+	if id == 0 {
+		t.Fatalf("valid timeouts refused: %s", LastError())
+	}
+	Close(id)
+	t.Setenv("DFKV_PEER_COOLDOWN_MS", "soon")
+	if id := Open(&o); id != 0 {
+		Close(id)
+		t.Fatal("malformed DFKV_PEER_COOLDOWN_MS accepted")
+	}
+	if !strings.Contains(LastError(), "DFKV_PEER_COOLDOWN_MS") {
+		t.Fatalf("error does not name the variable: %q", LastError())
+	}
+}

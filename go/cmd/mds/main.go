@@ -62,7 +62,7 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.etcdClientAddr, "etcd-client-addr", "127.0.0.1:2379", "embedded etcd: client listener (other MDS replicas may use it as --etcd)")
 	fs.StringVar(&o.etcdPeerAddr, "etcd-peer-addr", "127.0.0.1:2380", "embedded etcd: peer listener")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 30*time.Second, "lease of every registration: a holder that stops heartbeating leaves after it")
-	fs.DurationVar(&o.etcdTimeout, "etcd-timeout", 3*time.Second, "deadline of the etcd work of one request")
+	fs.DurationVar(&o.etcdTimeout, "etcd-timeout", 1500*time.Millisecond, "deadline of the etcd work of one request (below the clients' 2 s MDS deadline, so an etcd outage answers IOError instead of timing clients out)")
 	fs.DurationVar(&o.probeInterval, "ready-probe-interval", time.Second, "how often /readyz's etcd probe runs (the answer is cached)")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "HTTP port for /metrics, /healthz, /readyz (0 = off)")
 	fs.IntVar(&o.maxConns, "max-conns", 1024, "open MDS connections allowed")
