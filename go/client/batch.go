@@ -2,6 +2,7 @@ package client
 
 import (
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -245,7 +246,7 @@ func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, items []*Item, stat
 	}
 	var rb [wire.BatchResultSize]byte
 	for i, it := range items {
-		if _, err := readFull(pc, rb[:]); err != nil {
+		if _, err := io.ReadFull(pc.br, rb[:]); err != nil {
 			return err
 		}
 		r, err := wire.DecodeBatchResult(rb[:])
@@ -278,16 +279,4 @@ func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, items []*Item, stat
 		}
 	}
 	return nil
-}
-
-func readFull(pc *pconn, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		k, err := pc.br.Read(b[n:])
-		n += k
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
