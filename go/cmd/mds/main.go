@@ -94,27 +94,10 @@ func parse(args []string) (*options, error) {
 
 func run(args []string) int {
 	o, err := parse(args)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "dfkv_mds:", err)
-		return 2
+		return cli.ParseFailed("dfkv_mds", err)
 	}
-	if o.showVersion {
-		fmt.Println("dfkv_mds", version.Version)
-		return 0
-	}
-	log, err := cli.Logger(o.logLevel)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "dfkv_mds:", err)
-		return 2
-	}
-	if err := serve(o, log); err != nil {
-		log.Error("dfkv_mds failed", "err", err)
-		return 1
-	}
-	return 0
+	return cli.RunDaemon("dfkv_mds", o.showVersion, o.logLevel, func(log *slog.Logger) error { return serve(o, log) })
 }
 
 func serve(o *options, log *slog.Logger) error {

@@ -93,27 +93,10 @@ func parse(args []string) (*options, error) {
 
 func run(args []string) int {
 	o, err := parse(args)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "dfkv_server:", err)
-		return 2
+		return cli.ParseFailed("dfkv_server", err)
 	}
-	if o.showVersion {
-		fmt.Println("dfkv_server", version.Version)
-		return 0
-	}
-	log, err := cli.Logger(o.logLevel)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "dfkv_server:", err)
-		return 2
-	}
-	if err := serve(o, log); err != nil {
-		log.Error("dfkv_server failed", "err", err)
-		return 1
-	}
-	return 0
+	return cli.RunDaemon("dfkv_server", o.showVersion, o.logLevel, func(log *slog.Logger) error { return serve(o, log) })
 }
 
 func serve(o *options, log *slog.Logger) error {

@@ -3,12 +3,15 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/dfkv/dfkv/go/version"
 )
 
 // EnvName returns the environment twin of a flag: --store-engine → DFKV_STORE_ENGINE.
@@ -81,4 +84,33 @@ func Logger(level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("bad log level %q", level)
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// ParseFailed reports a command-line error the way every dfkv daemon does: --help exits 0,
+// anything else is printed and exits 2.
+func ParseFailed(name string, err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+	return 2
+}
+
+// RunDaemon is the rest of a daemon's lifecycle after its flags parsed: --version, logger
+// setup (a bad level exits 2), then serve; a serve error is logged and exits 1.
+func RunDaemon(name string, showVersion bool, logLevel string, serve func(*slog.Logger) error) int {
+	if showVersion {
+		fmt.Println(name, version.Version)
+		return 0
+	}
+	log, err := Logger(logLevel)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	if err := serve(log); err != nil {
+		log.Error(name+" failed", "err", err)
+		return 1
+	}
+	return 0
 }
