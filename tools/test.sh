@@ -87,7 +87,23 @@ if [ $quick = 0 ]; then
   for pkg in $(go list ./go/...); do
     dir=$(go list -f '{{.Dir}}' "$pkg")
     for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //'); do
-      go test -run '^$' -fuzz "^${target}\$" -fuzztime "${DFKV_FUZZTIME:-5s}" "$pkg" | tail -1
+      # A failing input is written to testdata/fuzz/<target>/ and fails the run. A failure
+      # that leaves no input behind is the fuzzing engine's (e.g. a worker it lost under
+      # load): say so, and run the target once more before failing.
+      log=$(mktemp)
+      for attempt in 1 2; do
+        before=$(ls "$dir/testdata/fuzz/$target" 2>/dev/null | wc -l)
+        if go test -run '^$' -fuzz "^${target}\$" -fuzztime "${DFKV_FUZZTIME:-5s}" "$pkg" >"$log" 2>&1; then
+          tail -1 "$log"; break
+        fi
+        grep -v '^fuzz: elapsed' "$log" | tail -40
+        after=$(ls "$dir/testdata/fuzz/$target" 2>/dev/null | wc -l)
+        if [ "$after" != "$before" ] || [ $attempt = 2 ]; then
+          echo "tools/test.sh: fuzz target $target in $pkg failed"; rm -f "$log"; exit 1
+        fi
+        echo "tools/test.sh: $target failed without a reproducer; running it once more"
+      done
+      rm -f "$log"
     done
   done
 fi
