@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dfkv/dfkv/go/internal/directio"
+
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
 )
 
@@ -40,54 +42,6 @@ func stampSectors(b []byte, off int64) {
 func mmapBuf(n int64) ([]byte, error) {
 	return unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
-}
-
-func openODirect(path string, create bool) (int, error) {
-	flags := unix.O_RDWR | unix.O_DIRECT | unix.O_DSYNC | unix.O_CLOEXEC
-	if create {
-		flags |= unix.O_CREAT
-	}
-	for {
-		fd, err := unix.Open(path, flags, 0o644)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return -1, &os.PathError{Op: "open O_DIRECT", Path: path, Err: err}
-		}
-		return fd, nil
-	}
-}
-
-func preadAll(fd int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pread(fd, b, off)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return io.ErrUnexpectedEOF
-		}
-		b, off = b[n:], off+int64(n)
-	}
-	return nil
-}
-
-func pwriteAll(fd int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pwrite(fd, b, off)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		b, off = b[n:], off+int64(n)
-	}
-	return nil
 }
 
 // odirectPrep runs `dfkv_bench odirect-prep --file F --bytes N`: creates (or rewrites) F with
@@ -121,7 +75,7 @@ func odirectPrep(args []string, stderr io.Writer) int {
 }
 
 func prepFile(path string, size int64) error {
-	fd, err := openODirect(path, true)
+	fd, err := directio.Open(path, unix.O_CREAT, 0o644)
 	if err != nil {
 		return err
 	}
@@ -144,7 +98,7 @@ func prepFile(path string, size int64) error {
 	for off := int64(0); off < size; off += chunk {
 		b := buf[:min(chunk, size-off)]
 		stampSectors(b, off)
-		if err := pwriteAll(fd, b, off); err != nil {
+		if err := directio.WriteFull(fd, b, off); err != nil {
 			return fmt.Errorf("write %s at %d: %w", path, off, err)
 		}
 	}
@@ -178,7 +132,7 @@ func (t *odirectTarget) name() string { return "odirect" }
 func (t *odirectTarget) close() error { return nil }
 
 func (t *odirectTarget) newConn() (conn, error) {
-	fd, err := openODirect(t.cfg.file, false)
+	fd, err := directio.Open(t.cfg.file, 0, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -229,7 +183,7 @@ func (c *odirectConn) get(keys, bufs [][]byte, res []error) error {
 	for i, k := range keys {
 		off := c.offset(k)
 		b := c.bufs[i]
-		if err := preadAll(c.fd, b, off); err != nil {
+		if err := directio.ReadFull(c.fd, b, off); err != nil {
 			return fmt.Errorf("pread %d bytes at %d: %w", len(b), off, err)
 		}
 		if c.t.cfg.verify && binary.LittleEndian.Uint64(b) != uint64(off)/sectorSize {
@@ -245,7 +199,7 @@ func (c *odirectConn) put(keys, vals [][]byte, res []error) error {
 		b := c.bufs[i]
 		copy(b, vals[i]) // the copy into an aligned buffer that a store's PUT also does
 		stampSectors(b, off)
-		if err := pwriteAll(c.fd, b, off); err != nil {
+		if err := directio.WriteFull(c.fd, b, off); err != nil {
 			return fmt.Errorf("pwrite %d bytes at %d: %w", len(b), off, err)
 		}
 	}

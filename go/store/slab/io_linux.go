@@ -3,26 +3,22 @@ package slab
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dfkv/dfkv/go/internal/directio"
 	"github.com/dfkv/dfkv/go/store"
 )
 
-// openDirect opens an extent file for O_DIRECT payload I/O. O_DSYNC makes every write
-// durable (data and any allocation metadata) before pwrite returns.
+// openDirect opens an extent file for O_DIRECT|O_DSYNC payload I/O (create: a new file,
+// never an existing one).
 func openDirect(path string, create bool) (int, error) {
-	flags := unix.O_RDWR | unix.O_DIRECT | unix.O_DSYNC | unix.O_CLOEXEC
+	extra := 0
 	if create {
-		flags |= unix.O_CREAT | unix.O_EXCL
+		extra = unix.O_CREAT | unix.O_EXCL
 	}
-	fd, err := retryEINTR(func() (int, error) { return unix.Open(path, flags, 0o600) })
-	if err != nil {
-		return -1, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	return fd, nil
+	return directio.Open(path, extra, 0o600)
 }
 
 // preallocate reserves size bytes for fd so that payload writes never hit ENOSPC.
@@ -35,41 +31,12 @@ func preallocate(fd int, size int64) error {
 	return err
 }
 
-// preadFull reads len(b) bytes at off, retrying short reads and EINTR.
-func preadFull(fd int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pread(fd, b, off)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return io.ErrUnexpectedEOF
-		}
-		b, off = b[n:], off+int64(n)
-	}
-	return nil
-}
-
-// pwriteFull writes all of b at off, retrying short writes and EINTR.
-func pwriteFull(fd int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pwrite(fd, b, off)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return io.ErrShortWrite
-		}
-		b, off = b[n:], off+int64(n)
-	}
-	return nil
-}
+// preadFull and pwriteFull are the shared positional primitives (EINTR and short
+// transfers retried).
+var (
+	preadFull  = directio.ReadFull
+	pwriteFull = directio.WriteFull
+)
 
 func fdatasync(fd int) error {
 	_, err := retryEINTR(func() (int, error) { return 0, unix.Fdatasync(fd) })
