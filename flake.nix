@@ -51,12 +51,12 @@
             vendorHash = nixpkgs.lib.fakeHash; # PLACEHOLDER, see above
             subPackages = [ "go/cmd/server" "go/cmd/mds" "go/cmd/dfkvctl" "go/cmd/bench" ];
             env.CGO_ENABLED = "0";
-            ldflags = [ "-X github.com/dfkv/dfkv/go/version.Version=${version}" ];
+            ldflags = [ "-X github.com/dfkv/dfkv/go/internal/version.Version=${version}" ];
             doCheck = false; # the tests need real binaries and sockets: run tools/test.sh
             nativeBuildInputs = [ pkgs.gcc ];
             postBuild = ''
               CGO_ENABLED=1 go build -trimpath -buildmode=c-shared \
-                -ldflags "-X github.com/dfkv/dfkv/go/version.Version=${version} -extldflags=-Wl,--version-script=$PWD/go/cmd/libdfkv/exports.map" \
+                -ldflags "-X github.com/dfkv/dfkv/go/internal/version.Version=${version} -extldflags=-Wl,--version-script=$PWD/go/cmd/libdfkv/exports.map" \
                 -o libdfkv.so ./go/cmd/libdfkv
             '';
             postInstall = ''

@@ -8,7 +8,7 @@ cd "$root"
 out=${DFKV_BUILD_DIR:-$root/build}
 mkdir -p "$out"
 ver=$(cat VERSION 2>/dev/null || echo 0.1.0-dev)
-ld="-X github.com/dfkv/dfkv/go/version.Version=$ver"
+ld="-X github.com/dfkv/dfkv/go/internal/version.Version=$ver"
 race=()
 [ "${1:-}" = "--race" ] && race=(-race)
 for cmd in server:dfkv_server dfkvctl:dfkvctl bench:dfkv_bench mds:dfkv_mds; do

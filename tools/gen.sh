@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the checked-in FlatBuffers code from schema/*.fbs with the pinned flatc.
-#   tools/gen.sh           rewrite go/wire/fb and python/dfkv/_fb
+#   tools/gen.sh           rewrite go/internal/wire/fb and python/dfkv/_fb
 #   tools/gen.sh --check   fail (exit 1, with a diff) when the checked-in code is stale
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,7 +14,7 @@ gofmt -w "$tmp/go"
 cat > "$tmp/py/__init__.py" <<'PY'
 """FlatBuffers code generated from schema/*.fbs by tools/gen.sh. Do not edit."""
 PY
-go_dst=$root/go/wire/fb
+go_dst=$root/go/internal/wire/fb
 py_dst=$root/python/dfkv/_fb
 if [ "${1:-}" = "--check" ]; then
   rc=0

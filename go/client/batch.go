@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/identity"
-	"github.com/dfkv/dfkv/go/wire"
-	"github.com/dfkv/dfkv/go/wire/fb"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 // Item is one key of a batch call. Inputs: Key, and Value or Segs (put) / Buf or Segs (get).

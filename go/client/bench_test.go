@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/dfkv/dfkv/go/client"
-	"github.com/dfkv/dfkv/go/server"
-	"github.com/dfkv/dfkv/go/store"
+	"github.com/dfkv/dfkv/go/internal/server"
+	"github.com/dfkv/dfkv/go/internal/store"
 )
 
 // BenchmarkGet4KiB and BenchmarkRawRoundTrip4KiB measure, side by side, one dfkv GET of a

@@ -14,11 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dfkv/dfkv/go/identity"
-	"github.com/dfkv/dfkv/go/transport"
-	"github.com/dfkv/dfkv/go/transport/tcp"
-	"github.com/dfkv/dfkv/go/version"
-	"github.com/dfkv/dfkv/go/wire"
-	"github.com/dfkv/dfkv/go/wire/fb"
+	"github.com/dfkv/dfkv/go/internal/transport"
+	"github.com/dfkv/dfkv/go/internal/transport/tcp"
+	"github.com/dfkv/dfkv/go/internal/version"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 // Version is the client library version.

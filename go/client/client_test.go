@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/client"
-	"github.com/dfkv/dfkv/go/server"
-	"github.com/dfkv/dfkv/go/store"
-	"github.com/dfkv/dfkv/go/transport/tcp"
+	"github.com/dfkv/dfkv/go/internal/server"
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 )
 
 type testNode struct {

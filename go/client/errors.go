@@ -3,7 +3,7 @@ package client
 import (
 	"errors"
 
-	"github.com/dfkv/dfkv/go/wire/fb"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 // Sentinel errors; callers branch with errors.Is.

@@ -14,9 +14,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dfkv/dfkv/go/mdsclient"
-	"github.com/dfkv/dfkv/go/wire"
-	"github.com/dfkv/dfkv/go/wire/fb"
+	"github.com/dfkv/dfkv/go/internal/mdsclient"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 // MDSOptions configure MDS discovery (and, optionally, client registration).

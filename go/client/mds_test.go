@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dfkv/dfkv/go/mds"
-	"github.com/dfkv/dfkv/go/wire"
-	"github.com/dfkv/dfkv/go/wire/fb"
+	"github.com/dfkv/dfkv/go/internal/mds"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 type testMDS struct {

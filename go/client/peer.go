@@ -12,8 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/dfkv/dfkv/go/wire"
-	"github.com/dfkv/dfkv/go/wire/fb"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 // peer is one cache node's connection pool and health state.

@@ -15,13 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dfkv/dfkv/go/cabi"
 	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/internal/cabi"
 )
 
 // MDS end-to-end tests: real dfkv_mds replicas over a real etcd (embedded in a dfkv_mds
 // process, or Debian's etcd-server as an external etcd), real dfkv_server nodes that
-// register themselves, and a client opened through the C ABI's Go core (go/cabi: the same
+// register themselves, and a client opened through the C ABI's Go core (go/internal/cabi: the same
 // code dfkv_open_v2 runs). Short leases and polls keep the suite quick.
 const (
 	mdsTTL     = 2 * time.Second

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dfkv/dfkv/go/server"
-	"github.com/dfkv/dfkv/go/store"
-	"github.com/dfkv/dfkv/go/transport/tcp"
+	"github.com/dfkv/dfkv/go/internal/server"
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 )
 
 func TestExactPercentile(t *testing.T) {

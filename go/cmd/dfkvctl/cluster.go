@@ -15,10 +15,10 @@ import (
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
-	"github.com/dfkv/dfkv/go/mdsclient"
+	"github.com/dfkv/dfkv/go/internal/mdsclient"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 	"github.com/dfkv/dfkv/go/ring"
-	"github.com/dfkv/dfkv/go/wire"
-	"github.com/dfkv/dfkv/go/wire/fb"
 )
 
 // clusterCommand reports whether cmd/argv is a cluster view served through the MDS.

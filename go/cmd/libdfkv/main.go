@@ -20,7 +20,7 @@ import "C"
 import (
 	"unsafe"
 
-	"github.com/dfkv/dfkv/go/cabi"
+	"github.com/dfkv/dfkv/go/internal/cabi"
 )
 
 func main() {}

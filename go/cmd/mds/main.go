@@ -28,9 +28,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
-	"github.com/dfkv/dfkv/go/mds"
-	"github.com/dfkv/dfkv/go/metrics"
-	"github.com/dfkv/dfkv/go/version"
+	"github.com/dfkv/dfkv/go/internal/mds"
+	"github.com/dfkv/dfkv/go/internal/metrics"
+	"github.com/dfkv/dfkv/go/internal/version"
 )
 
 func main() { os.Exit(run(os.Args[1:])) }

@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/dfkv/dfkv/go/store"
-	"github.com/dfkv/dfkv/go/store/file"
-	"github.com/dfkv/dfkv/go/store/group"
-	"github.com/dfkv/dfkv/go/store/slab"
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/store/file"
+	"github.com/dfkv/dfkv/go/internal/store/group"
+	"github.com/dfkv/dfkv/go/internal/store/slab"
 )
 
 type engineConfig struct {

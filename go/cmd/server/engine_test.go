@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/dfkv/dfkv/go/store/slab"
+	"github.com/dfkv/dfkv/go/internal/store/slab"
 )
 
 func TestAutoExtent(t *testing.T) {

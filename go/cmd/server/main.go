@@ -21,11 +21,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
-	"github.com/dfkv/dfkv/go/metrics"
-	"github.com/dfkv/dfkv/go/server"
-	"github.com/dfkv/dfkv/go/transport/tcp"
-	"github.com/dfkv/dfkv/go/version"
-	"github.com/dfkv/dfkv/go/wire"
+	"github.com/dfkv/dfkv/go/internal/metrics"
+	"github.com/dfkv/dfkv/go/internal/server"
+	"github.com/dfkv/dfkv/go/internal/transport/tcp"
+	"github.com/dfkv/dfkv/go/internal/version"
+	"github.com/dfkv/dfkv/go/internal/wire"
 )
 
 func main() {

@@ -11,10 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dfkv/dfkv/go/mdsclient"
+	"github.com/dfkv/dfkv/go/internal/mdsclient"
+	"github.com/dfkv/dfkv/go/internal/version"
+	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/ring"
-	"github.com/dfkv/dfkv/go/version"
-	"github.com/dfkv/dfkv/go/wire"
 )
 
 // mdsFlags are the node-lifecycle flags: with --mds the node registers itself in a group's

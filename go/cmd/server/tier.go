@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
-	"github.com/dfkv/dfkv/go/store"
-	"github.com/dfkv/dfkv/go/store/coalesce"
-	"github.com/dfkv/dfkv/go/store/quota"
-	"github.com/dfkv/dfkv/go/store/ramtier"
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/store/coalesce"
+	"github.com/dfkv/dfkv/go/internal/store/quota"
+	"github.com/dfkv/dfkv/go/internal/store/ramtier"
 )
 
 // tierOptions are the flags of the layers in front of the disk engine: RAM hot tier, read
@@ -40,7 +40,7 @@ func addTierFlags(fs *flag.FlagSet, o *tierOptions) {
 	fs.IntVar(&o.ramWaitMS, "ram-tier-wait-ms", int(ramtier.DefaultWaitTimeout/time.Millisecond), "longest wait for pinned arena slots before a request goes around the tier")
 	fs.BoolVar(&o.coalesce, "read-coalesce", false, "concurrent identical GETs share one disk read")
 	fs.IntVar(&o.coalesceTimeoutMS, "read-coalesce-timeout-ms", int(coalesce.DefaultTimeout/time.Millisecond), "a coalesced reader waits this long for its leader, then reads on its own")
-	fs.StringVar(&o.quotaFile, "quota-file", "", "per-tenant byte quotas: lines of \"tenant-name bytes\" or \"0x<16 hex digits> bytes\" (see go/store/quota)")
+	fs.StringVar(&o.quotaFile, "quota-file", "", "per-tenant byte quotas: lines of \"tenant-name bytes\" or \"0x<16 hex digits> bytes\" (see go/internal/store/quota)")
 	fs.Var(&o.defaultQuota, "default-quota", "byte quota of tenants not in --quota-file (0 = unlimited)")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "diagnostics: serve net/http/pprof on this host:port (off by default)")
 }

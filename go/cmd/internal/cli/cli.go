@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/dfkv/dfkv/go/version"
+	"github.com/dfkv/dfkv/go/internal/version"
 )
 
 // EnvName returns the environment twin of a flag: --store-engine → DFKV_STORE_ENGINE.

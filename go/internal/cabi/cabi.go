@@ -1,0 +1,370 @@
+package cabi
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/internal/version"
+)
+
+// ABI constants mirrored from dfkv.h.
+const (
+	ABIVersion          = 2
+	OptionsSize         = 88 // sizeof(dfkv_client_options_v2) on LP64
+	FlagRegisterWithMDS = 1 << 0
+	knownFlags          = FlagRegisterWithMDS
+)
+
+// Options is dfkv_client_options_v2 after the cgo layer copied it out of C memory.
+type Options struct {
+	StructSize        uint32
+	ABIVersion        uint32
+	Members           string
+	Namespace         []byte
+	BatchConcurrency  uint64
+	MDSEndpoints      string
+	MDSGroup          string
+	MDSPollMS         int32
+	Flags             uint32
+	ClientID          string
+	ClientInfo        string
+	ClientHeartbeatMS int32
+	Reserved0         uint32
+}
+
+// Validate applies dfkv_open_v2's refusal rules.
+func (o *Options) Validate() error {
+	switch {
+	case o.StructSize < OptionsSize:
+		return fmt.Errorf("struct_size %d < %d", o.StructSize, OptionsSize)
+	case o.ABIVersion != ABIVersion:
+		return fmt.Errorf("abi_version %d, want %d", o.ABIVersion, ABIVersion)
+	case o.Flags&^knownFlags != 0:
+		return fmt.Errorf("unknown flags %#x", o.Flags&^knownFlags)
+	case o.Reserved0 != 0:
+		return errors.New("reserved0 must be 0")
+	case strings.TrimSpace(o.Members) == "" && strings.TrimSpace(o.MDSEndpoints) == "":
+		return errors.New("neither members nor mds_endpoints")
+	case o.BatchConcurrency > 4096:
+		return fmt.Errorf("batch_concurrency %d > 4096", o.BatchConcurrency)
+	}
+	return nil
+}
+
+// MembershipFactory builds a membership source for MDS discovery. It is nil until the MDS
+// client is linked in; opening with only mds_endpoints then fails cleanly.
+var MembershipFactory func(o *Options) (client.Membership, error)
+
+// Handle is one open client.
+type Handle struct {
+	c *client.Client
+}
+
+var (
+	handles sync.Map // uint64 -> *Handle
+	nextID  atomic.Uint64
+)
+
+// LastError records why the most recent Open failed, for diagnostics (DFKV_LOG).
+var lastErr atomic.Pointer[string]
+
+// LastError returns the most recent Open failure, or "".
+func LastError() string {
+	if p := lastErr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Open validates options and registers a client; it returns 0 on failure.
+func Open(o *Options) (id uint64) {
+	defer func() {
+		if r := recover(); r != nil {
+			setErr(fmt.Errorf("panic: %v", r))
+			id = 0
+		}
+	}()
+	h, err := open(o)
+	if err != nil {
+		setErr(err)
+		return 0
+	}
+	id = nextID.Add(1) + 0x10000 // never 0, never a small integer that looks like an errno
+	handles.Store(id, h)
+	return id
+}
+
+func setErr(err error) {
+	s := err.Error()
+	lastErr.Store(&s)
+	if os.Getenv("DFKV_LOG") != "" {
+		fmt.Fprintln(os.Stderr, "dfkv_open_v2:", s)
+	}
+}
+
+func open(o *Options) (*Handle, error) {
+	if o == nil {
+		return nil, errors.New("NULL options")
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	var ms client.Membership
+	var err error
+	switch {
+	case strings.TrimSpace(o.Members) != "":
+		var members []client.Member
+		if members, err = client.ParseMembers(o.Members); err == nil {
+			ms, err = client.NewStatic(members)
+		}
+	case MembershipFactory != nil:
+		ms, err = MembershipFactory(o)
+	default:
+		err = errors.New("MDS discovery is not available in this build")
+	}
+	if err != nil {
+		return nil, err
+	}
+	copts := client.Options{
+		Membership: ms, Namespace: o.Namespace, Tenant: []byte(os.Getenv("DFKV_TENANT")),
+		BatchConcurrency: int(o.BatchConcurrency),
+	}
+	if err := applyTimeoutEnv(&copts); err != nil {
+		ms.Close()
+		return nil, err
+	}
+	c, err := client.New(copts)
+	if err != nil {
+		ms.Close()
+		return nil, err
+	}
+	return &Handle{c: c}, nil
+}
+
+// Lookup returns the handle for id, or nil (closed or never opened).
+func Lookup(id uint64) *Handle {
+	if v, ok := handles.Load(id); ok {
+		return v.(*Handle)
+	}
+	return nil
+}
+
+// Close closes and forgets a handle; unknown ids are ignored.
+func Close(id uint64) {
+	if v, ok := handles.LoadAndDelete(id); ok {
+		_ = v.(*Handle).c.Close()
+	}
+}
+
+// Client exposes the Go client (for tests).
+func (h *Handle) Client() *client.Client { return h.c }
+
+func b2i(ok bool) int {
+	if ok {
+		return 1
+	}
+	return 0
+}
+
+// Put: 0 ok, -1 fail (zero-length values rejected).
+func (h *Handle) Put(key, value []byte) int {
+	if len(value) == 0 || h.c.Put(key, value) != nil {
+		return -1
+	}
+	return 0
+}
+
+// Get: 1 when the stored value is exactly len(buf) bytes.
+func (h *Handle) Get(key, buf []byte) int {
+	return b2i(len(buf) > 0 && h.c.Get(key, buf) == nil)
+}
+
+// GetAuto: 1 when the value fits buf; its length in the second result.
+func (h *Handle) GetAuto(key, buf []byte) (int, uint64) {
+	if len(buf) == 0 {
+		return 0, 0
+	}
+	n, err := h.c.GetAuto(key, buf)
+	if err != nil {
+		return 0, 0
+	}
+	return 1, uint64(n)
+}
+
+// Exist: 1 when present.
+func (h *Handle) Exist(key []byte) int {
+	_, err := h.c.Exist(key)
+	return b2i(err == nil)
+}
+
+// Remove: 1 when a value was removed.
+func (h *Handle) Remove(key []byte) int { return b2i(h.c.Remove(key) == nil) }
+
+func fill(out []int32) {
+	for i := range out {
+		out[i] = 0
+	}
+}
+
+func results(items []client.Item, outOK []int32, outLens []uint64) {
+	for i := range items {
+		if items[i].Err == nil {
+			outOK[i] = 1
+			if outLens != nil {
+				outLens[i] = uint64(items[i].N)
+			}
+		}
+	}
+}
+
+// BatchPut stores values[i] under keys[i]; per-item 1/0 in outOK. Returns 0, or -1 when the
+// arguments are unusable.
+func (h *Handle) BatchPut(keys, values [][]byte, outOK []int32) int {
+	fill(outOK)
+	if len(values) != len(keys) || len(outOK) != len(keys) {
+		return -1
+	}
+	items := make([]client.Item, len(keys))
+	for i := range items {
+		items[i] = client.Item{Key: keys[i], Value: values[i]}
+	}
+	if h.c.BatchPut(items) != nil {
+		return -1
+	}
+	results(items, outOK, nil)
+	return 0
+}
+
+// BatchGet reads exact-size values into bufs.
+func (h *Handle) BatchGet(keys, bufs [][]byte, outOK []int32) int {
+	return h.batchGet(keys, bufs, nil, outOK, nil, client.Exact)
+}
+
+// BatchGetAuto reads values of at most len(bufs[i]) bytes and reports their lengths.
+func (h *Handle) BatchGetAuto(keys, bufs [][]byte, outOK []int32, outLens []uint64) int {
+	return h.batchGet(keys, bufs, nil, outOK, outLens, client.Auto)
+}
+
+// BatchGetAutoSG scatters each value across segs[i] in order.
+func (h *Handle) BatchGetAutoSG(keys [][]byte, segs [][][]byte, outOK []int32, outLens []uint64) int {
+	return h.batchGet(keys, nil, segs, outOK, outLens, client.Auto)
+}
+
+func (h *Handle) batchGet(keys, bufs [][]byte, segs [][][]byte, outOK []int32, outLens []uint64, mode client.GetMode) int {
+	fill(outOK)
+	for i := range outLens {
+		outLens[i] = 0
+	}
+	if len(outOK) != len(keys) || (outLens != nil && len(outLens) != len(keys)) ||
+		(bufs != nil && len(bufs) != len(keys)) || (segs != nil && len(segs) != len(keys)) {
+		return -1
+	}
+	items := make([]client.Item, len(keys))
+	for i := range items {
+		items[i].Key = keys[i]
+		if segs != nil {
+			items[i].Segs = segs[i]
+		} else {
+			items[i].Buf = bufs[i]
+		}
+	}
+	if h.c.BatchGet(items, mode) != nil {
+		return -1
+	}
+	results(items, outOK, outLens)
+	return 0
+}
+
+// BatchPutSG stores the concatenation of segs[i] under keys[i].
+func (h *Handle) BatchPutSG(keys [][]byte, segs [][][]byte, outOK []int32) int {
+	fill(outOK)
+	if len(segs) != len(keys) || len(outOK) != len(keys) {
+		return -1
+	}
+	items := make([]client.Item, len(keys))
+	for i := range items {
+		items[i] = client.Item{Key: keys[i], Segs: segs[i]}
+	}
+	if h.c.BatchPut(items) != nil {
+		return -1
+	}
+	results(items, outOK, nil)
+	return 0
+}
+
+// BatchExist reports presence per key.
+func (h *Handle) BatchExist(keys [][]byte, outOK []int32) int {
+	return h.keysOnly(keys, outOK, h.c.BatchExist)
+}
+
+// BatchRemove removes every key.
+func (h *Handle) BatchRemove(keys [][]byte, outOK []int32) int {
+	return h.keysOnly(keys, outOK, h.c.BatchRemove)
+}
+
+func (h *Handle) keysOnly(keys [][]byte, outOK []int32, f func([]client.Item) error) int {
+	fill(outOK)
+	if len(outOK) != len(keys) {
+		return -1
+	}
+	items := make([]client.Item, len(keys))
+	for i := range items {
+		items[i].Key = keys[i]
+	}
+	if f(items) != nil {
+		return -1
+	}
+	results(items, outOK, nil)
+	return 0
+}
+
+// MaxSGSegs is the per-item segment limit.
+func (h *Handle) MaxSGSegs() uint32 { return uint32(h.c.MaxSGSegs()) }
+
+// RegisterMemory is a no-op success on TCP.
+func (h *Handle) RegisterMemory(base uintptr, size uint64) int {
+	if base == 0 || size == 0 {
+		return -1
+	}
+	return 0
+}
+
+// TransportMode names the data transport.
+func (h *Handle) TransportMode() string { return h.c.TransportMode() }
+
+// StatsSnapshot renders the client's metrics (Prometheus text).
+func (h *Handle) StatsSnapshot() []byte { return h.c.Snapshot() }
+
+// Version is dfkv_version's answer.
+func Version() string { return version.Version }
+
+// Deadlines a deployment may tune without an ABI change (the options struct is frozen):
+// DFKV_CONNECT_TIMEOUT_MS (default 1000), DFKV_IO_TIMEOUT_MS (per request, default 5000) and
+// DFKV_PEER_COOLDOWN_MS (after a peer I/O failure, default 3000). A malformed value refuses
+// the open rather than silently running with a default.
+func applyTimeoutEnv(o *client.Options) error {
+	for _, t := range []struct {
+		env string
+		dst *time.Duration
+	}{
+		{"DFKV_CONNECT_TIMEOUT_MS", &o.ConnectTimeout},
+		{"DFKV_IO_TIMEOUT_MS", &o.IOTimeout},
+		{"DFKV_PEER_COOLDOWN_MS", &o.Cooldown},
+	} {
+		if _, set := os.LookupEnv(t.env); !set {
+			continue
+		}
+		ms, err := envInt(t.env, 0)
+		if err != nil {
+			return err
+		}
+		*t.dst = time.Duration(ms) * time.Millisecond
+	}
+	return nil
+}

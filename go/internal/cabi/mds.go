@@ -1,0 +1,84 @@
+package cabi
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/internal/mdsclient"
+)
+
+// MDS discovery is linked into every build of the C ABI: dfkv_open_v2 with mds_endpoints
+// (and no static members) follows the group's topology through the MDS, and registers the
+// process under the group's clients prefix when flags has FlagRegisterWithMDS (unless
+// DFKV_CLIENT_REGISTER=0).
+func init() {
+	if MembershipFactory == nil {
+		MembershipFactory = OpenMDS
+	}
+}
+
+// Tunables read from the environment (the options struct is frozen by the ABI).
+const (
+	envShrinkPolls = "DFKV_MDS_SHRINK_POLLS" // consecutive polls a >50% shrink must persist (default 3)
+	envCallTimeout = "DFKV_MDS_TIMEOUT_MS"   // per-replica request deadline (default 2000)
+)
+
+func envInt(name string, def int) (int, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok || strings.TrimSpace(v) == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive integer", name, v)
+	}
+	return n, nil
+}
+
+// mdsLogger writes to stderr at warn level, or at the level DFKV_LOG names (debug, info).
+func mdsLogger() *slog.Logger {
+	lvl := slog.LevelWarn
+	switch strings.ToLower(os.Getenv("DFKV_LOG")) {
+	case "debug":
+		lvl = slog.LevelDebug
+	case "info", "1":
+		lvl = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+}
+
+// OpenMDS builds the MDS membership from C ABI options.
+func OpenMDS(o *Options) (client.Membership, error) {
+	eps, err := mdsclient.ParseEndpoints(o.MDSEndpoints)
+	if err != nil {
+		return nil, fmt.Errorf("mds_endpoints: %w", err)
+	}
+	info, err := mdsclient.ParseInfo(o.ClientInfo)
+	if err != nil {
+		return nil, err
+	}
+	if o.MDSPollMS < 0 || o.ClientHeartbeatMS < 0 {
+		return nil, fmt.Errorf("mds_poll_ms %d / client_heartbeat_ms %d: negative", o.MDSPollMS, o.ClientHeartbeatMS)
+	}
+	shrink, err := envInt(envShrinkPolls, 3)
+	if err != nil {
+		return nil, err
+	}
+	timeoutMS, err := envInt(envCallTimeout, 2000)
+	if err != nil {
+		return nil, err
+	}
+	return client.NewMDSMembership(client.MDSOptions{
+		Endpoints: eps, Group: o.MDSGroup,
+		Poll:        time.Duration(o.MDSPollMS) * time.Millisecond,
+		ShrinkPolls: shrink, CallTimeout: time.Duration(timeoutMS) * time.Millisecond,
+		Register: o.Flags&FlagRegisterWithMDS != 0, ClientID: o.ClientID, Info: info,
+		Heartbeat: time.Duration(o.ClientHeartbeatMS) * time.Millisecond,
+		Logger:    mdsLogger(),
+	})
+}

@@ -1,0 +1,126 @@
+package mdsclient_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dfkv/dfkv/go/internal/mds"
+	"github.com/dfkv/dfkv/go/internal/mdsclient"
+	"github.com/dfkv/dfkv/go/internal/wire"
+)
+
+func TestParse(t *testing.T) {
+	eps := []struct {
+		in   string
+		n    int
+		fail bool
+	}{
+		{"127.0.0.1:1", 1, false},
+		{" a:1 , b:2 ,", 2, false},
+		{"", 0, true},
+		{"nohost", 0, true},
+	}
+	for _, tt := range eps {
+		got, err := mdsclient.ParseEndpoints(tt.in)
+		if (err != nil) != tt.fail || len(got) != tt.n {
+			t.Errorf("ParseEndpoints(%q) = %v, %v", tt.in, got, err)
+		}
+	}
+	infos := []struct {
+		in   string
+		n    int
+		fail bool
+	}{
+		{"", 0, false},
+		{"engine=vllm,role=decode", 2, false},
+		{"a=", 1, false},
+		{"novalue", 0, true},
+		{"=x", 0, true},
+	}
+	for _, tt := range infos {
+		got, err := mdsclient.ParseInfo(tt.in)
+		if (err != nil) != tt.fail || len(got) != tt.n {
+			t.Errorf("ParseInfo(%q) = %v, %v", tt.in, got, err)
+		}
+	}
+	if _, err := mdsclient.New(nil, mdsclient.Options{}); !errors.Is(err, mdsclient.ErrNoEndpoints) {
+		t.Fatal(err)
+	}
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func TestHolderReRegistersAndDeregisters(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	clk := &clock{t: time.Unix(100, 0)}
+	st := mds.NewMemStore()
+	st.Now = clk.now
+	svc, err := mds.NewService(mds.Config{Store: st, LeaseTTL: 3 * time.Second, Logger: log, Now: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := mds.NewServer(mds.ServerConfig{Service: svc, Logger: log})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(ln)
+	defer srv.Shutdown(context.Background())
+
+	rpc, _ := mdsclient.New([]string{ln.Addr().String()}, mdsclient.Options{CallTimeout: time.Second})
+	member := &wire.Member{ID: "n1", Addr: "127.0.0.1:7", Weight: 1, Eligible: true}
+	h, err := mdsclient.NewHolder(mdsclient.HolderConfig{Client: rpc, Group: "g", Member: member, Heartbeat: 20 * time.Millisecond, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Start()
+	select {
+	case <-h.FirstRegistered():
+	case <-time.After(5 * time.Second):
+		t.Fatal("never registered")
+	}
+	members := func() int {
+		topo, err := svc.Topology(context.Background(), "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(topo.Members)
+	}
+	// Expire the lease behind the holder's back: its next heartbeat gets NotFound and it
+	// registers again.
+	clk.add(time.Hour)
+	if members() != 0 {
+		t.Fatal("lease did not expire")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for members() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("holder did not re-register")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if members() != 0 || h.Registered() {
+		t.Fatal("Stop did not deregister")
+	}
+	if _, err := mdsclient.NewHolder(mdsclient.HolderConfig{Client: rpc}); !errors.Is(err, mdsclient.ErrBadHolder) {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,95 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dfkv/dfkv/go/internal/store"
+)
+
+// statsCollector exports a snapshot struct as const metrics at scrape time.
+type statsCollector struct {
+	descs   []*prometheus.Desc
+	collect func(ch chan<- prometheus.Metric, descs []*prometheus.Desc)
+}
+
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) { c.collect(ch, c.descs) }
+
+// newRAMCollector exports the RAM hot tier's dfkv_ram_* families.
+func newRAMCollector(t store.RAMTier) prometheus.Collector {
+	type fam struct {
+		name, help string
+		counter    bool
+		get        func(*store.RAMStats) int64
+	}
+	fams := []fam{
+		{"dfkv_ram_hits_total", "GETs served from the RAM arena (no disk I/O).", true, func(s *store.RAMStats) int64 { return s.Hits }},
+		{"dfkv_ram_misses_total", "GETs not found in the RAM arena.", true, func(s *store.RAMStats) int64 { return s.Misses }},
+		{"dfkv_ram_promoted_total", "Values read from disk straight into an arena slot and kept warm.", true, func(s *store.RAMStats) int64 { return s.Promoted }},
+		{"dfkv_ram_evictions_total", "Durable values dropped from the arena to make room (they stay on disk).", true, func(s *store.RAMStats) int64 { return s.Evictions }},
+		{"dfkv_ram_evicted_bytes_total", "Arena bytes reclaimed from evicted values.", true, func(s *store.RAMStats) int64 { return s.EvictedBytes }},
+		{"dfkv_ram_backpressure_waits_total", "Arena allocations that waited for pinned slots to drain.", true, func(s *store.RAMStats) int64 { return s.BackpressureWaits }},
+		{"dfkv_ram_bypassed_total", "Requests served around the tier (no room in time, or value too large).", true, func(s *store.RAMStats) int64 { return s.Bypassed }},
+		{"dfkv_ram_arena_bytes", "Size of the preallocated arena.", false, func(s *store.RAMStats) int64 { return s.ArenaBytes }},
+		{"dfkv_ram_used_bytes", "Arena bytes held by slots (live, in flight or awaiting reuse).", false, func(s *store.RAMStats) int64 { return s.UsedBytes }},
+		{"dfkv_ram_live_bytes", "Bytes of values servable from the arena.", false, func(s *store.RAMStats) int64 { return s.LiveBytes }},
+		{"dfkv_ram_objects", "Values servable from the arena.", false, func(s *store.RAMStats) int64 { return s.Objects }},
+		{"dfkv_ram_pinned_slots", "Arena slots pinned by in-flight I/O.", false, func(s *store.RAMStats) int64 { return s.Pinned }},
+		{"dfkv_ram_backlog", "Arena slots being filled (socket or disk read in flight).", false, func(s *store.RAMStats) int64 { return s.Backlog }},
+	}
+	c := &statsCollector{}
+	for _, f := range fams {
+		c.descs = append(c.descs, prometheus.NewDesc(f.name, f.help, nil, nil))
+	}
+	c.collect = func(ch chan<- prometheus.Metric, descs []*prometheus.Desc) {
+		s := t.RAMStats()
+		for i, f := range fams {
+			vt := prometheus.GaugeValue
+			if f.counter {
+				vt = prometheus.CounterValue
+			}
+			ch <- prometheus.MustNewConstMetric(descs[i], vt, float64(f.get(&s)))
+		}
+	}
+	return c
+}
+
+// newCoalesceCollector exports dfkv_read_coalesce_{leaders,coalesced,timeouts}_total.
+func newCoalesceCollector(co store.Coalescer) prometheus.Collector {
+	c := &statsCollector{descs: []*prometheus.Desc{
+		prometheus.NewDesc("dfkv_read_coalesce_leaders_total", "Cold reads that went to disk on behalf of a coalescing flight.", nil, nil),
+		prometheus.NewDesc("dfkv_read_coalesce_coalesced_total", "Reads served by another read's flight (no disk read of their own).", nil, nil),
+		prometheus.NewDesc("dfkv_read_coalesce_timeouts_total", "Followers that gave up on a stalled leader and read on their own.", nil, nil),
+	}}
+	c.collect = func(ch chan<- prometheus.Metric, d []*prometheus.Desc) {
+		s := co.CoalesceStats()
+		ch <- prometheus.MustNewConstMetric(d[0], prometheus.CounterValue, float64(s.Leaders))
+		ch <- prometheus.MustNewConstMetric(d[1], prometheus.CounterValue, float64(s.Coalesced))
+		ch <- prometheus.MustNewConstMetric(d[2], prometheus.CounterValue, float64(s.Timeouts))
+	}
+	return c
+}
+
+// newQuotaCollector exports per-tenant quota families; tenants not in the quota file are
+// summed under tenant="other", so the label set is bounded by the file.
+func newQuotaCollector(q store.QuotaReporter) prometheus.Collector {
+	l := []string{"tenant"}
+	c := &statsCollector{descs: []*prometheus.Desc{
+		prometheus.NewDesc("dfkv_quota_used_bytes", "Value bytes charged to the tenant.", l, nil),
+		prometheus.NewDesc("dfkv_quota_limit_bytes", "The tenant's byte quota (0 = unlimited).", l, nil),
+		prometheus.NewDesc("dfkv_quota_rejected_total", "PUTs refused with QuotaExceeded.", l, nil),
+	}}
+	c.collect = func(ch chan<- prometheus.Metric, d []*prometheus.Desc) {
+		for _, u := range q.TenantUsage() {
+			ch <- prometheus.MustNewConstMetric(d[0], prometheus.GaugeValue, float64(u.UsedBytes), u.Tenant)
+			ch <- prometheus.MustNewConstMetric(d[1], prometheus.GaugeValue, float64(u.LimitBytes), u.Tenant)
+			ch <- prometheus.MustNewConstMetric(d[2], prometheus.CounterValue, float64(u.Rejected), u.Tenant)
+		}
+	}
+	return c
+}

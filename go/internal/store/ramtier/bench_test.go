@@ -1,0 +1,114 @@
+package ramtier
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/store/slab"
+)
+
+// Warm GET from the arena against a plain memcpy of the same size (the floor for any
+// in-memory server), and cold GET (promotion: one O_DIRECT read into the arena slot)
+// against the slab engine's own Get, at 1 MiB and 8 workers. The callbacks copy the value
+// out, standing in for the socket write.
+const (
+	benchSize    = 1 << 20
+	benchWorkers = 8
+	benchKeys    = 64
+)
+
+func runParallel(b *testing.B, op func(w, i int) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.SetBytes(benchSize)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for w := 0; w < benchWorkers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= b.N {
+					return
+				}
+				if err := op(w, i); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+}
+
+func sinks(b *testing.B) [][]byte {
+	s := make([][]byte, benchWorkers)
+	for i := range s {
+		m, err := unix.Mmap(-1, 0, benchSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s[i] = m
+	}
+	return s
+}
+
+func BenchmarkMemcpy1MiB(b *testing.B) {
+	src := val(1, benchSize)
+	dst := sinks(b)
+	runParallel(b, func(w, _ int) error { copy(dst[w], src); return nil })
+}
+
+func BenchmarkWarmGet1MiB(b *testing.B) {
+	tr := newTier(b, store.NewMem(0), Config{ArenaBytes: 256 * mib})
+	for i := 0; i < benchKeys; i++ {
+		put(b, tr, key(i), val(i, benchSize))
+	}
+	dst := sinks(b)
+	runParallel(b, func(w, i int) error {
+		return tr.Get(key(i%benchKeys), func(v []byte) error { copy(dst[w], v); return nil })
+	})
+	if s := tr.RAMStats(); s.Misses != 0 {
+		b.Fatalf("warm benchmark missed: %+v", s)
+	}
+}
+
+func benchSlab(b *testing.B) *slab.Engine {
+	e, err := slab.Open(slab.Config{Dir: b.TempDir(), CapacityBytes: 256 * mib, ExtentBytes: 64 * mib,
+		MaxValueBytes: 4 * mib, BufferPoolBytes: 64 * mib, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < benchKeys; i++ {
+		put(b, e, key(i), val(i, benchSize))
+	}
+	return e
+}
+
+func BenchmarkSlabGet1MiB(b *testing.B) {
+	e := benchSlab(b)
+	defer e.Close()
+	dst := sinks(b)
+	runParallel(b, func(w, i int) error {
+		return e.Get(key(i%benchKeys), func(v []byte) error { copy(dst[w], v); return nil })
+	})
+}
+
+// Every GET is cold: the arena (16 MiB) is much smaller than the key set (64 MiB) and keys
+// are read round-robin, so each read promotes and the FIFO retires the oldest.
+func BenchmarkColdGet1MiB(b *testing.B) {
+	tr := newTier(b, benchSlab(b), Config{ArenaBytes: 16 * mib, Shards: 2, Policy: WriteAround})
+	dst := sinks(b)
+	runParallel(b, func(w, i int) error {
+		return tr.Get(key(i%benchKeys), func(v []byte) error { copy(dst[w], v); return nil })
+	})
+	if s := tr.RAMStats(); s.Hits > int64(b.N)/10 {
+		b.Logf("cold benchmark hit the arena %d times of %d", s.Hits, b.N)
+	}
+}

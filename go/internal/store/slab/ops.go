@@ -1,0 +1,365 @@
+package slab
+
+import (
+	"fmt"
+	"hash/crc32"
+	"unsafe"
+
+	"github.com/dfkv/dfkv/go/internal/store"
+)
+
+// Put stores a value: fill writes it straight into an aligned buffer, the payload is
+// written with O_DIRECT|O_DSYNC, then its record is made durable (group commit), and only
+// then is the value published in the index.
+func (e *Engine) Put(key store.Key, size int, fill func(dst []byte) error) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	if size <= 0 {
+		return fmt.Errorf("slab: put %s: size %d: %w", key.ID, size, store.ErrInvalid)
+	}
+	if int64(size) > e.cfg.MaxValueBytes {
+		return fmt.Errorf("slab: put %s: %d bytes, max %d: %w", key.ID, size, e.cfg.MaxValueBytes, store.ErrTooLarge)
+	}
+	ci := e.classFor(size)
+	cs := e.classes[ci].size
+	buf, err := e.bufs.get(cs)
+	if err != nil {
+		return fmt.Errorf("slab: put %s: buffer of %d bytes: %w: %w", key.ID, cs, store.ErrIO, err)
+	}
+	defer e.bufs.put(buf)
+	if err := fill(buf[:size]); err != nil {
+		return err
+	}
+	return e.store(key, size, ci, buf)
+}
+
+// PutFrom stores src[:size] straight from the caller's aligned buffer (no staging copy);
+// it zeroes src[size:alignUp(size)], the on-disk padding. See store.DirectWriter.
+func (e *Engine) PutFrom(key store.Key, src []byte, size int) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	if size <= 0 {
+		return fmt.Errorf("slab: put %s: size %d: %w", key.ID, size, store.ErrInvalid)
+	}
+	if int64(size) > e.cfg.MaxValueBytes {
+		return fmt.Errorf("slab: put %s: %d bytes, max %d: %w", key.ID, size, e.cfg.MaxValueBytes, store.ErrTooLarge)
+	}
+	if int64(len(src)) < alignUp(int64(size)) || !aligned(src) {
+		return fmt.Errorf("slab: put %s: source buffer of %d bytes is unaligned or shorter than %d: %w",
+			key.ID, len(src), alignUp(int64(size)), store.ErrInvalid)
+	}
+	return e.store(key, size, e.classFor(size), src)
+}
+
+// store writes buf[:size] (buf aligned, at least alignUp(size) long) as key's value in a
+// slot of class ci: payload, then record, then index.
+func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
+	cs := e.classes[ci].size
+	n := alignUp(int64(size))
+	clear(buf[size:n]) // the tail padding must not carry stale bytes of another value
+	crc := crc32.Checksum(buf[:size], castagnoli)
+
+	var victimBuf [8]*slot
+	s, evicted, err := e.reserve(ci, victimBuf[:0])
+	if err != nil {
+		return fmt.Errorf("slab: put %s (%d bytes): %w", key.ID, size, err)
+	}
+	ext := s.ext
+	if err := pwriteFull(ext.fd, buf[:n], int64(s.idx)*cs); err != nil {
+		e.nIO.Add(1)
+		e.unreserve(s) // no record points at the slot, so it is free again at once
+		_ = e.retire(evicted)
+		return fmt.Errorf("slab: put %s: write extent %d slot %d: %w", key.ID, ext.idx, s.idx, ioErr(err))
+	}
+	e.nWrites.Add(1)
+	e.nWriteBytes.Add(n)
+
+	seq := e.seq.Add(1)
+	rec := record{State: stateLive, Class: uint16(ci), Key: key, Length: uint32(size), CRC: crc,
+		Seq: seq, Address: e.address(s), Epoch: e.epoch}
+	// The evicted values' tombstones share the fsync of this record.
+	var tombBuf [8]*slot
+	tombs, _ := e.writeTombstones(evicted, tombBuf[:0])
+	err = e.writeRecord(&rec)
+	e.finishTombstones(tombs, err)
+	if err != nil {
+		e.nIO.Add(1)
+		e.allocMu.Lock()
+		e.killLocked(s, false)
+		e.allocMu.Unlock()
+		_ = e.retire([]*slot{s}) // the record may be on disk: tombstone before reuse
+		return fmt.Errorf("slab: put %s: record of extent %d slot %d: %w", key.ID, ext.idx, s.idx, err)
+	}
+
+	e.allocMu.Lock()
+	s.key, s.length, s.crc, s.seq = key, uint32(size), crc, seq
+	s.ref.Store(true)
+	ext.lastAccess.Store(e.tick.Add(1))
+	sh := e.shardOf(key)
+	sh.mu.Lock()
+	old := sh.m[key]
+	if old != nil && old.seq > seq {
+		// A concurrent Put with a later sequence number already published: it wins, as it
+		// would at rebuild.
+		sh.mu.Unlock()
+		e.killLocked(s, false)
+		// It was stored and at once superseded: report it so that accounting which charges
+		// every successful Put stays balanced.
+		e.observeLocked(key, int64(size), store.Replaced)
+		e.allocMu.Unlock()
+		return e.retire([]*slot{s})
+	}
+	sh.m[key] = s
+	s.state = slotLive
+	sh.mu.Unlock()
+	e.classes[ci].reserved--
+	ext.reserved--
+	e.notifyLocked() // a waiting Put may now evict this class
+	if old != nil {
+		e.killLocked(old, false) // replaced: the object count is unchanged
+		e.observeLocked(old.key, int64(old.length), store.Replaced)
+	} else {
+		e.objects++
+	}
+	e.allocMu.Unlock()
+	if old != nil {
+		// Wait for the old tombstone so that a later Remove cannot resurrect it on restart.
+		if err := e.retire([]*slot{old}); err != nil {
+			return fmt.Errorf("slab: put %s: retire previous value: %w", key.ID, err)
+		}
+	}
+	return nil
+}
+
+// Get reads the value into an aligned buffer, verifies its CRC32C and hands it to fn.
+// The slot is pinned for the whole call, so it cannot be reused under fn.
+func (e *Engine) Get(key store.Key, fn func(value []byte) error) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	s, err := e.pin(key, "get")
+	if err != nil {
+		return err
+	}
+	defer e.unpin(s)
+	buf, err := e.bufs.get(s.ext.slotSize)
+	if err != nil {
+		return fmt.Errorf("slab: get %s: buffer of %d bytes: %w: %w", key.ID, s.ext.slotSize, store.ErrIO, err)
+	}
+	defer e.bufs.put(buf)
+	length, err := e.readPinned(key, s, buf)
+	if err != nil {
+		return err
+	}
+	return fn(buf[:length])
+}
+
+// ReadInto reads the whole value with one O_DIRECT read straight into dst and verifies its
+// CRC32C. See store.DirectReader.
+func (e *Engine) ReadInto(key store.Key, dst []byte) (int, error) {
+	if err := e.enter(); err != nil {
+		return 0, err
+	}
+	defer e.leave()
+	if !aligned(dst) {
+		return 0, fmt.Errorf("slab: read %s: destination buffer is not %d-aligned: %w", key.ID, blockSize, store.ErrInvalid)
+	}
+	s, err := e.pin(key, "read")
+	if err != nil {
+		return 0, err
+	}
+	defer e.unpin(s)
+	if length := int64(s.length); alignUp(length) > int64(len(dst)) {
+		return int(length), fmt.Errorf("slab: read %s: %d-byte value into %d bytes: %w", key.ID, length, len(dst), store.ErrBufferTooSmall)
+	}
+	return e.readPinned(key, s, dst)
+}
+
+// pin looks key up and pins its slot (and extent) against reuse.
+func (e *Engine) pin(key store.Key, op string) (*slot, error) {
+	sh := e.shardOf(key)
+	sh.mu.RLock()
+	s := sh.m[key]
+	if s == nil {
+		sh.mu.RUnlock()
+		return nil, fmt.Errorf("slab: %s %s: %w", op, key.ID, store.ErrNotFound)
+	}
+	s.pins.Add(1)
+	s.ext.pins.Add(1)
+	sh.mu.RUnlock()
+	s.ref.Store(true)
+	s.ext.lastAccess.Store(e.tick.Add(1))
+	return s, nil
+}
+
+// readPinned reads a pinned slot's payload into buf (aligned, at least alignUp(length)
+// long) and verifies it; a mismatch drops the value.
+func (e *Engine) readPinned(key store.Key, s *slot, buf []byte) (int, error) {
+	ext := s.ext
+	length, crc := int64(s.length), s.crc
+	n := alignUp(length)
+	if err := preadFull(ext.fd, buf[:n], int64(s.idx)*ext.slotSize); err != nil {
+		e.nIO.Add(1)
+		return 0, fmt.Errorf("slab: get %s: read extent %d slot %d: %w", key.ID, ext.idx, s.idx, ioErr(err))
+	}
+	e.nReads.Add(1)
+	e.nReadBytes.Add(n)
+	if crc32.Checksum(buf[:length], castagnoli) != crc {
+		e.nCorrupt.Add(1)
+		e.drop(key, s)
+		e.log.Warn("slab: payload CRC mismatch; value dropped", "object", key.ID.String(), "extent", ext.idx, "slot", s.idx)
+		return 0, fmt.Errorf("slab: get %s: extent %d slot %d: %w: %w", key.ID, ext.idx, s.idx, store.ErrNotFound, store.ErrCorrupt)
+	}
+	return int(length), nil
+}
+
+func aligned(b []byte) bool {
+	return len(b) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%blockSize == 0
+}
+
+// Stat returns the stored length of a value.
+func (e *Engine) Stat(key store.Key) (int64, error) {
+	if err := e.enter(); err != nil {
+		return 0, err
+	}
+	defer e.leave()
+	sh := e.shardOf(key)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	if s := sh.m[key]; s != nil {
+		return int64(s.length), nil
+	}
+	return 0, fmt.Errorf("slab: stat %s: %w", key.ID, store.ErrNotFound)
+}
+
+// Remove drops the value from the index at once and makes its tombstone durable; the
+// slot is reused only after every reader pinning it has finished.
+func (e *Engine) Remove(key store.Key) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	e.allocMu.Lock()
+	sh := e.shardOf(key)
+	sh.mu.Lock()
+	s := sh.m[key]
+	if s == nil {
+		sh.mu.Unlock()
+		e.allocMu.Unlock()
+		return fmt.Errorf("slab: remove %s: %w", key.ID, store.ErrNotFound)
+	}
+	delete(sh.m, key)
+	sh.mu.Unlock()
+	e.killLocked(s, true)
+	e.observeLocked(key, int64(s.length), store.Removed)
+	e.allocMu.Unlock()
+	if err := e.retire([]*slot{s}); err != nil {
+		return fmt.Errorf("slab: remove %s: %w", key.ID, err)
+	}
+	return nil
+}
+
+// drop removes a value that failed verification, if it is still the current one.
+func (e *Engine) drop(key store.Key, s *slot) {
+	e.allocMu.Lock()
+	sh := e.shardOf(key)
+	sh.mu.Lock()
+	if sh.m[key] != s {
+		sh.mu.Unlock()
+		e.allocMu.Unlock()
+		return
+	}
+	delete(sh.m, key)
+	sh.mu.Unlock()
+	e.killLocked(s, true)
+	e.observeLocked(key, int64(s.length), store.Dropped)
+	e.allocMu.Unlock()
+	_ = e.retire([]*slot{s})
+}
+
+func (e *Engine) unpin(s *slot) {
+	s.ext.pins.Add(-1)
+	if s.pins.Add(-1) == 0 {
+		e.tryRelease(s)
+	}
+}
+
+// writeRecord writes one record and waits for the shared table fsync.
+func (e *Engine) writeRecord(r *record) error {
+	var b [recordSize]byte
+	r.encode(b[:])
+	if err := pwriteFull(e.tblFd, b[:], int64(r.Address)*recordSize); err != nil {
+		return ioErr(err)
+	}
+	return e.commitTable()
+}
+
+func (e *Engine) commitTable() error {
+	if err := e.tblSync.commit(); err != nil {
+		e.syncFails.Add(1)
+		return fmt.Errorf("sync %s: %w", tableName, ioErr(err))
+	}
+	e.syncFails.Store(0)
+	return nil
+}
+
+// retire makes the tombstones of dead slots durable (one shared fsync) and then releases
+// every slot no reader still pins. A slot whose tombstone fails is quarantined.
+func (e *Engine) retire(victims []*slot) error {
+	if len(victims) == 0 {
+		return nil
+	}
+	var okBuf [8]*slot // the common case (one or a few victims) does not allocate
+	ok, firstErr := e.writeTombstones(victims, okBuf[:0])
+	var err error
+	if len(ok) > 0 {
+		err = e.commitTable()
+	}
+	e.finishTombstones(ok, err)
+	if err != nil {
+		e.nIO.Add(1)
+		return err
+	}
+	return firstErr
+}
+
+// writeTombstones writes (without syncing) the tombstones of dead slots, appending the
+// slots whose write succeeded to ok; a slot whose write fails is quarantined.
+func (e *Engine) writeTombstones(victims, ok []*slot) ([]*slot, error) {
+	var b [recordSize]byte
+	var firstErr error
+	for _, s := range victims {
+		r := record{State: stateTombstone, Class: uint16(s.ext.class), Key: s.key,
+			Seq: e.seq.Add(1), Address: e.address(s), Epoch: e.epoch}
+		r.encode(b[:])
+		if err := pwriteFull(e.tblFd, b[:], int64(r.Address)*recordSize); err != nil {
+			e.nIO.Add(1)
+			e.quarantine(s)
+			if firstErr == nil {
+				firstErr = fmt.Errorf("tombstone extent %d slot %d: %w", s.ext.idx, s.idx, ioErr(err))
+			}
+			continue
+		}
+		ok = append(ok, s)
+	}
+	return ok, firstErr
+}
+
+// finishTombstones releases slots whose tombstones were written, once the table sync
+// that covers them returned syncErr: durable ones become reusable (when unpinned), the
+// others are quarantined.
+func (e *Engine) finishTombstones(ok []*slot, syncErr error) {
+	for _, s := range ok {
+		if syncErr != nil {
+			e.quarantine(s)
+			continue
+		}
+		s.tombDone.Store(true)
+		e.tryRelease(s)
+	}
+}
