@@ -34,7 +34,9 @@ func main() {
 
 type options struct {
 	dirs, host, engine, addrFile, logLevel string
+	accessLog                              string
 	port, metricsPort, maxConns            int
+	accessLogSample                        int
 	capacity, maxMsg, extent               cli.Size
 	firstReqMS, ioTimeoutMS, idleMS        int
 	showVersion                            bool
@@ -70,6 +72,8 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.addrFile, "addr-file", "", "write the bound data address (host:port) to this file once listening")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.accessLog, "access-log", "", "write a JSON access log (one record per sampled request; key hashes, never keys) to FILE, or - for stdout")
+	fs.IntVar(&o.accessLogSample, "access-log-sample", 1, "log 1 in N requests of each connection")
 	addTierFlags(fs, &o.tier)
 	o.mds.define(fs)
 	fs.Usage = func() {
@@ -87,6 +91,9 @@ func parse(args []string) (*options, error) {
 	}
 	if err := o.mds.validate(); err != nil {
 		return nil, err
+	}
+	if o.accessLogSample < 1 {
+		return nil, fmt.Errorf("--access-log-sample %d: want at least 1 (log 1 in N requests)", o.accessLogSample)
 	}
 	return o, nil
 }
@@ -136,12 +143,19 @@ func serve(o *options, log *slog.Logger) error {
 	reg.MustRegister(buildInfo)
 	m := server.NewMetrics(reg, engine)
 
+	accessLog, closeAccessLog, err := openAccessLog(o.accessLog, o.accessLogSample)
+	if err != nil {
+		closeEngine()
+		return err
+	}
+	defer closeAccessLog(log)
+
 	srv, err := server.New(server.Config{
 		Engine: engine, Limits: limits, MaxConns: o.maxConns,
 		FirstRequestTimeout: time.Duration(o.firstReqMS) * time.Millisecond,
 		IOTimeout:           time.Duration(o.ioTimeoutMS) * time.Millisecond,
 		IdleTimeout:         time.Duration(o.idleMS) * time.Millisecond,
-		SoftwareVersion:     version.Version, Logger: log, Metrics: m,
+		SoftwareVersion:     version.Version, Logger: log, Metrics: m, AccessLog: accessLog,
 	})
 	if err != nil {
 		closeEngine()
@@ -210,4 +224,38 @@ func serve(o *options, log *slog.Logger) error {
 		return serveErr
 	}
 	return nil
+}
+
+// openAccessLog opens --access-log (nil when off); the returned func flushes and closes it.
+func openAccessLog(path string, sample int) (*server.AccessLog, func(*slog.Logger), error) {
+	if path == "" {
+		return nil, func(*slog.Logger) {}, nil
+	}
+	var w *os.File
+	if path == "-" {
+		w = os.Stdout
+	} else {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--access-log: %w", err)
+		}
+		w = f
+	}
+	a, err := server.NewAccessLog(w, sample)
+	if err != nil {
+		if w != os.Stdout {
+			w.Close()
+		}
+		return nil, nil, fmt.Errorf("--access-log-sample: %w", err)
+	}
+	return a, func(log *slog.Logger) {
+		if err := a.Close(); err != nil {
+			log.Error("flushing the access log", "err", err)
+		}
+		if w != os.Stdout {
+			if err := w.Close(); err != nil {
+				log.Error("closing the access log", "err", err)
+			}
+		}
+	}, nil
 }

@@ -45,6 +45,10 @@ type conn struct {
 	bufs  net.Buffers
 	items []byte // batch items / sg preamble / control payloads
 	first bool
+
+	acc     accessRecord // filled by the reply assembly for the access log
+	accessN uint64
+	peer    string
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -125,12 +129,20 @@ func (c *conn) serve() {
 			c.replyStatus(req.Op, fb.StatusInvalid, 0)
 			continue
 		}
+		c.acc = accessRecord{}
 		if err := c.dispatch(&req); err != nil {
 			log.Debug("closing connection", "remote", c.nc.RemoteAddr(), "op", opName(req.Op), "err", err)
 			_ = c.flush()
+			if c.s.cfg.AccessLog != nil {
+				c.access(&req, time.Since(start), err)
+			}
 			return
 		}
-		c.s.m.observe(req.Op, time.Since(start).Seconds())
+		d := time.Since(start)
+		c.s.m.observe(req.Op, d.Seconds())
+		if c.s.cfg.AccessLog != nil {
+			c.access(&req, d, nil)
+		}
 	}
 }
 
@@ -512,6 +524,7 @@ func (c *conn) appendResponse(r *wire.Response) {
 	n := len(c.out)
 	c.out = c.out[:n+wire.ResponseSize]
 	r.Encode(c.out[n:])
+	c.acc.response(r)
 }
 
 func (c *conn) appendResult(r *wire.BatchResult) {
@@ -519,6 +532,7 @@ func (c *conn) appendResult(r *wire.BatchResult) {
 	n := len(c.out)
 	c.out = c.out[:n+wire.BatchResultSize]
 	r.Encode(c.out[n:])
+	c.acc.result(r)
 }
 
 func (c *conn) replyStatus(op fb.Op, st fb.Status, valueLen uint64) {

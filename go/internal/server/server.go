@@ -28,7 +28,8 @@ type Config struct {
 	MaxDepth            uint32        // pipelining window advertised in Hello (default 64)
 	SoftwareVersion     string
 	Logger              *slog.Logger
-	Metrics             *Metrics // nil = a private registry
+	Metrics             *Metrics   // nil = a private registry
+	AccessLog           *AccessLog // nil = no access log
 }
 
 func (c *Config) setDefaults() {

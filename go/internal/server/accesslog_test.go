@@ -1,0 +1,280 @@
+package server_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/internal/server"
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/transport/tcp"
+)
+
+// lockedBuf is an io.Writer the test reads while the access log writes.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) Bytes() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]byte(nil), l.b.Bytes()...)
+}
+
+type accessRec struct {
+	Msg       string `json:"msg"`
+	Op        string `json:"op"`
+	Tenant    string `json:"tenant"`
+	KeyHash   string `json:"key_hash"`
+	Size      uint64 `json:"size"`
+	Sent      uint64 `json:"sent"`
+	Status    string `json:"status"`
+	LatencyUS *int64 `json:"latency_us"`
+	Peer      string `json:"peer"`
+	Items     uint64 `json:"items"`
+	ItemsOK   uint64 `json:"items_ok"`
+}
+
+func parseAccess(t *testing.T, b []byte) []accessRec {
+	t.Helper()
+	var out []accessRec
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		var r accessRec
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("access log line is not JSON: %q: %v", sc.Text(), err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func TestAccessLogRecords(t *testing.T) {
+	var buf lockedBuf
+	al, err := server.NewAccessLog(&buf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, server.Config{AccessLog: al})
+	c := newClient(t, n.addr, "ns")
+	secret := []byte("secret-user-prompt-key-0123")
+	val := bytes.Repeat([]byte{7}, 5000)
+	if err := c.Put(secret, val); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(val))
+	if err := c.Get(secret, got); err != nil || !bytes.Equal(got, val) {
+		t.Fatalf("get: %v", err)
+	}
+	if err := c.Get([]byte("secret-missing-key"), got); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("missing get: %v", err)
+	}
+	items := []client.Item{{Key: secret, Buf: make([]byte, len(val))}, {Key: []byte("secret-missing-2"), Buf: make([]byte, 1)}}
+	if err := c.BatchGet(items, client.Exact); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := al.Close(); err != nil {
+		t.Fatal(err)
+	}
+	raw := buf.Bytes()
+	for _, k := range []string{"secret-user-prompt-key", "secret-missing", fmt.Sprintf("%x", secret)} {
+		if bytes.Contains(raw, []byte(k)) {
+			t.Fatalf("access log contains the raw key %q:\n%s", k, raw)
+		}
+	}
+	recs := parseAccess(t, raw)
+	id := identity.Object([]byte("ns"), secret).String()
+	find := func(op, status string) accessRec {
+		t.Helper()
+		for _, r := range recs {
+			if r.Op == op && r.Status == status {
+				return r
+			}
+		}
+		t.Fatalf("no %s/%s record in\n%s", op, status, raw)
+		return accessRec{}
+	}
+	put := find("Put", "Ok")
+	if put.Msg != "access" || put.KeyHash != id || put.Size != 5000 || put.Sent != 0 || put.LatencyUS == nil || put.Peer == "" || put.Tenant == "" {
+		t.Fatalf("put record %+v (want key_hash %s)", put, id)
+	}
+	get := find("Get", "Ok")
+	if get.KeyHash != id || get.Sent != 5000 || get.Size != 0 {
+		t.Fatalf("get record %+v", get)
+	}
+	miss := find("Get", "NotFound")
+	if miss.Sent != 0 || miss.KeyHash == id || len(miss.KeyHash) != 32 {
+		t.Fatalf("miss record %+v", miss)
+	}
+	// The client may split a batch; the hit is in one BatchGet record with its bytes.
+	bg := find("BatchGet", "Ok")
+	if bg.Items < 1 || bg.ItemsOK != 1 || bg.Sent != 5000 || bg.KeyHash != "" {
+		t.Fatalf("batch record %+v", bg)
+	}
+}
+
+func TestAccessLogSampling(t *testing.T) {
+	if _, err := server.NewAccessLog(&lockedBuf{}, 0); err == nil {
+		t.Fatal("sample rate 0 accepted")
+	}
+	var buf lockedBuf
+	al, err := server.NewAccessLog(&buf, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, server.Config{AccessLog: al})
+	c := newClient(t, n.addr, "ns")
+	for i := 0; i < 100; i++ {
+		if err := c.Put([]byte(fmt.Sprint("k", i)), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	if err := al.Close(); err != nil {
+		t.Fatal(err)
+	}
+	puts := 0
+	for _, r := range parseAccess(t, buf.Bytes()) {
+		if r.Op == "Put" {
+			puts++
+		}
+	}
+	// 1 in 10 per connection; the client may have used more than one connection.
+	if puts < 10 || puts > 14 {
+		t.Fatalf("logged %d of 100 puts at 1-in-10 sampling", puts)
+	}
+}
+
+// BenchmarkWarmGetAccessLog measures warm single-key GETs (4 KiB values, RAM engine,
+// 2×GOMAXPROCS concurrent loopback callers) against two servers side by side: one without
+// an access log and one logging every request to a file. The two are driven in alternating
+// rounds so machine noise hits both alike; the reported full/off metric is the logged
+// server's throughput as a fraction of the plain one's (docs/BENCHMARKS.md).
+func BenchmarkWarmGetAccessLog(b *testing.B) {
+	sink, err := os.Create(filepath.Join(b.TempDir(), "access.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sink.Close()
+	al, err := server.NewAccessLog(sink, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	val := bytes.Repeat([]byte{1}, 4096)
+	const keys = 256
+	setup := func(cfg server.Config) *client.Client {
+		cfg.Engine = store.NewMem(64 << 20)
+		n := startNodeB(b, cfg)
+		ms, _ := client.NewStatic([]client.Member{{ID: "n1", Addr: n.addr, Weight: 1}})
+		c, err := client.New(client.Options{Membership: ms, Namespace: []byte("bench")})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close() })
+		for i := 0; i < keys; i++ {
+			if err := c.Put([]byte(fmt.Sprint("k", i)), val); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return c
+	}
+	off, full := setup(server.Config{}), setup(server.Config{AccessLog: al})
+	workers := 2 * runtime.GOMAXPROCS(0)
+	round := func(c *client.Client, n int) time.Duration {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				buf := make([]byte, len(val))
+				for i := w; i < n; i += workers {
+					if err := c.Get([]byte(fmt.Sprint("k", i%keys)), buf); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}(w)
+		}
+		wg.Wait()
+		return time.Since(start)
+	}
+	round(off, 2000) // warm both: connections, pools
+	round(full, 2000)
+	const rounds = 100
+	per := max(b.N/rounds, workers)
+	var tOff, tFull time.Duration
+	b.ResetTimer()
+	for r := 0; r < rounds; r++ {
+		if r%2 == 0 {
+			tOff += round(off, per)
+			tFull += round(full, per)
+		} else {
+			tFull += round(full, per)
+			tOff += round(off, per)
+		}
+	}
+	b.StopTimer()
+	ops := float64(per * rounds)
+	b.ReportMetric(float64(tOff.Nanoseconds())/ops, "ns/get-off")
+	b.ReportMetric(float64(tFull.Nanoseconds())/ops, "ns/get-full")
+	b.ReportMetric(tOff.Seconds()/tFull.Seconds(), "full/off")
+	if err := al.Close(); err != nil {
+		b.Fatal(err)
+	}
+	if st, err := sink.Stat(); err != nil || st.Size() == 0 {
+		b.Fatalf("access log wrote nothing (%v)", err)
+	}
+}
+
+// BenchmarkAccessRecord is the cost of one record alone (formatting and buffering).
+func BenchmarkAccessRecord(b *testing.B) {
+	al, err := server.NewAccessLog(io.Discard, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer al.Close()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		server.LogAccessForTest(al)
+	}
+}
+
+func startNodeB(b *testing.B, cfg server.Config) *node {
+	srv, err := server.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := tcp.Listen("127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := &node{srv: srv, addr: ln.Addr().String(), eng: cfg.Engine, done: make(chan error, 1)}
+	go func() { n.done <- srv.Serve(ln) }()
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	return n
+}
