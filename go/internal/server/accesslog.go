@@ -91,6 +91,10 @@ func (b *syncBuffer) Flush() error {
 // accessRecord is what a connection notes about the request it is serving; the reply
 // assembly fills it so that the hook needs no change in the op handlers.
 type accessRecord struct {
+	pending bool
+	req     wire.Request
+	d       time.Duration
+	err     error
 	status  fb.Status
 	sent    uint64
 	items   uint32
@@ -110,14 +114,27 @@ func (r *accessRecord) result(res *wire.BatchResult) {
 	r.sent += res.PayloadLen
 }
 
-// access logs the request just served when it falls in the sample; connErr is the error
-// that is closing the connection, if any.
-func (c *conn) access(req *wire.Request, d time.Duration, connErr error) {
-	a := c.s.cfg.AccessLog
+// noteAccess keeps the request just served for the log when it falls in the sample;
+// connErr is the error that is closing the connection, if any. The record is written by
+// logPending once the reply has been flushed.
+func (c *conn) noteAccess(req *wire.Request, d time.Duration, connErr error) {
 	c.accessN++
-	if (c.accessN-1)%a.every != 0 {
+	if (c.accessN-1)%c.s.cfg.AccessLog.every != 0 {
 		return
 	}
+	c.acc.pending, c.acc.req, c.acc.d, c.acc.err = true, *req, d, connErr
+}
+
+func (c *conn) logPending() {
+	if !c.acc.pending {
+		return
+	}
+	c.acc.pending = false
+	c.access(&c.acc.req, c.acc.d, c.acc.err)
+}
+
+func (c *conn) access(req *wire.Request, d time.Duration, connErr error) {
+	a := c.s.cfg.AccessLog
 	if c.peer == "" {
 		c.peer = c.nc.RemoteAddr().String()
 	}

@@ -65,6 +65,7 @@ func (c *conn) interruptIfIdle() {
 
 func (c *conn) serve() {
 	defer c.nc.Close()
+	defer c.logPending()
 	log := c.s.log
 	for {
 		if c.s.draining.Load() {
@@ -80,6 +81,7 @@ func (c *conn) serve() {
 				return
 			}
 		}
+		c.logPending() // after the flush: the record costs the peer no latency
 		_ = c.nc.SetReadDeadline(time.Now().Add(wait))
 		c.state.Store(stateIdle)
 		// Shutdown sets draining before it interrupts idle connections: either it sees this
@@ -134,14 +136,14 @@ func (c *conn) serve() {
 			log.Debug("closing connection", "remote", c.nc.RemoteAddr(), "op", opName(req.Op), "err", err)
 			_ = c.flush()
 			if c.s.cfg.AccessLog != nil {
-				c.access(&req, time.Since(start), err)
+				c.noteAccess(&req, time.Since(start), err)
 			}
 			return
 		}
 		d := time.Since(start)
 		c.s.m.observe(req.Op, d.Seconds())
 		if c.s.cfg.AccessLog != nil {
-			c.access(&req, d, nil)
+			c.noteAccess(&req, d, nil)
 		}
 	}
 }
