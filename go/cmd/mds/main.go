@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -39,6 +40,7 @@ type options struct {
 	host, listen, etcd, addrFile, logLevel string
 	etcdClientAddr, etcdPeerAddr           string
 	leaseTTL, etcdTimeout, probeInterval   time.Duration
+	statusPoll                             time.Duration
 	metricsPort, maxConns, firstReqMS      int
 	showVersion                            bool
 }
@@ -64,7 +66,8 @@ func parse(args []string) (*options, error) {
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 30*time.Second, "lease of every registration: a holder that stops heartbeating leaves after it")
 	fs.DurationVar(&o.etcdTimeout, "etcd-timeout", 1500*time.Millisecond, "deadline of the etcd work of one request (below the clients' 2 s MDS deadline, so an etcd outage answers IOError instead of timing clients out)")
 	fs.DurationVar(&o.probeInterval, "ready-probe-interval", time.Second, "how often /readyz's etcd probe runs (the answer is cached)")
-	fs.IntVar(&o.metricsPort, "metrics-port", 0, "HTTP port for /metrics, /healthz, /readyz (0 = off)")
+	fs.IntVar(&o.metricsPort, "metrics-port", 0, "HTTP port for /metrics, /healthz, /readyz and the /status page (0 = off)")
+	fs.DurationVar(&o.statusPoll, "status-poll", 5*time.Second, "/status: how often the page refreshes and re-scrapes the nodes' /metrics")
 	fs.IntVar(&o.maxConns, "max-conns", 1024, "open MDS connections allowed")
 	fs.IntVar(&o.firstReqMS, "first-req-ms", 10000, "a new connection must send its first request within this")
 	fs.StringVar(&o.addrFile, "addr-file", "", "write the bound MDS address (host:port) to this file once listening")
@@ -86,8 +89,8 @@ func parse(args []string) (*options, error) {
 	if o.leaseTTL < time.Second {
 		return nil, fmt.Errorf("--lease-ttl %v: at least 1s", o.leaseTTL)
 	}
-	if o.etcdTimeout <= 0 || o.probeInterval <= 0 {
-		return nil, errors.New("--etcd-timeout and --ready-probe-interval must be positive")
+	if o.etcdTimeout <= 0 || o.probeInterval <= 0 || o.statusPoll <= 0 {
+		return nil, errors.New("--etcd-timeout, --ready-probe-interval and --status-poll must be positive")
 	}
 	return o, nil
 }
@@ -169,8 +172,15 @@ func serve(o *options, log *slog.Logger) error {
 	if o.metricsPort > 0 {
 		// /healthz is liveness only and never touches etcd; /readyz reads the prober's
 		// cached, debounced answer.
+		status, err := mds.NewStatusPage(mds.StatusConfig{Service: svc, EtcdReady: prober.Ready, Groups: m.Groups,
+			Version: version.Version, EtcdMode: mode, PollInterval: o.statusPoll, ScrapeTimeout: min(2*time.Second, o.statusPoll), Logger: log})
+		if err != nil {
+			ln.Close()
+			return err
+		}
 		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
 			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log, Ready: prober.Ready,
+			Handlers: map[string]http.Handler{"/status": status},
 		})
 		if err != nil {
 			ln.Close()

@@ -90,6 +90,11 @@ func (r *nodeRegistration) start(f *mdsFlags, bound string, log *slog.Logger) er
 	cfg := []wire.KV{{Key: "engine", Value: f.flagValue("store-engine")}, {Key: "capacity", Value: f.flagValue("cap")},
 		{Key: "transport", Value: "tcp"}, {Key: "max_msg", Value: f.flagValue("max-msg")},
 		{Key: "disks", Value: strconv.Itoa(len(strings.Split(f.flagValue("dir"), ",")))}}
+	// The MDS's /status page scrapes this address for the node's capacity and hit rate.
+	if mp := f.flagValue("metrics-port"); mp != "" && mp != "0" {
+		host, _, _ := net.SplitHostPort(addr)
+		cfg = append(cfg, wire.KV{Key: wire.MemberMetricsAddrKey, Value: net.JoinHostPort(host, mp)})
+	}
 	if on := f.flagValue("ram-tier"); on == "true" {
 		cfg = append(cfg, wire.KV{Key: "ram_tier", Value: "on"}, wire.KV{Key: "ram_tier_bytes", Value: f.flagValue("ram-tier-bytes")},
 			wire.KV{Key: "ram_tier_policy", Value: f.flagValue("ram-tier-policy")})

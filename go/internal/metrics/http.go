@@ -25,6 +25,7 @@ type HTTPConfig struct {
 	MaxConns          int           // connection cap (default 64)
 	FirstRequestLimit time.Duration // a connection must send its request within this (default 30s)
 	Logger            *slog.Logger
+	Handlers          map[string]http.Handler // more pages on the same listener (e.g. the MDS's /status)
 }
 
 // HTTPServer is a running observability endpoint.
@@ -63,6 +64,9 @@ func StartHTTP(cfg HTTPConfig) (*HTTPServer, error) {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	for path, hd := range cfg.Handlers {
+		mux.Handle(path, hd)
+	}
 	h := &HTTPServer{
 		srv: &http.Server{
 			Handler:           mux,
