@@ -25,9 +25,11 @@ type Metrics struct {
 	EtcdProbes    *prometheus.CounterVec // result
 	GroupMembers  *prometheus.GaugeVec   // group
 	GroupClients  *prometheus.GaugeVec   // group
+	EpochChanges  *prometheus.CounterVec // group
 
 	mu     sync.Mutex
 	groups map[string]bool
+	epochs map[string]uint64 // last MembersEpoch seen per group
 }
 
 // NewMetrics registers the families on reg.
@@ -44,9 +46,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		EtcdProbes:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_mds_etcd_probes_total", Help: "etcd readiness probes by result."}, []string{"result"}),
 		GroupMembers:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_mds_group_members", Help: "Members registered in a group (as of the last listing)."}, []string{"group"}),
 		GroupClients:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_mds_group_clients", Help: "Clients registered in a group (as of the last listing)."}, []string{"group"}),
-		groups:        map[string]bool{},
+		EpochChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_mds_group_epoch_changes_total",
+			Help: "Changes of a group's MembersEpoch (ring placement) seen by this MDS's listings; the first listing counts one."}, []string{"group"}),
+		groups: map[string]bool{},
+		epochs: map[string]uint64{},
 	}
-	reg.MustRegister(m.Requests, m.Latency, m.Connections, m.ConnsRejected, m.FramesInvalid, m.BadRecords, m.EtcdUp, m.EtcdProbes, m.GroupMembers, m.GroupClients)
+	reg.MustRegister(m.Requests, m.Latency, m.Connections, m.ConnsRejected, m.FramesInvalid, m.BadRecords, m.EtcdUp, m.EtcdProbes, m.GroupMembers, m.GroupClients, m.EpochChanges)
 	return m
 }
 
@@ -95,6 +100,19 @@ func (m *Metrics) Groups() []string {
 func (m *Metrics) groupMembers(group string, n int) {
 	if m != nil && m.track(group) {
 		m.GroupMembers.WithLabelValues(group).Set(float64(n))
+	}
+}
+
+func (m *Metrics) groupEpoch(group string, membersEpoch uint64) {
+	if m == nil || !m.track(group) {
+		return
+	}
+	m.mu.Lock()
+	changed := m.epochs[group] != membersEpoch
+	m.epochs[group] = membersEpoch
+	m.mu.Unlock()
+	if changed {
+		m.EpochChanges.WithLabelValues(group).Inc()
 	}
 }
 

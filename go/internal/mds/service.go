@@ -231,6 +231,7 @@ func (s *Service) Topology(ctx context.Context, group string) (*wire.Topology, e
 	sort.Slice(members, func(i, j int) bool { return members[i].ID < members[j].ID })
 	me, te := Epochs(members)
 	s.cfg.Metrics.groupMembers(group, len(members))
+	s.cfg.Metrics.groupEpoch(group, me)
 	return &wire.Topology{MembersEpoch: me, TopologyEpoch: te, Members: members}, nil
 }
 
