@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -374,7 +375,7 @@ func (p *StatusPage) view(ctx context.Context) *statusView {
 				var cfg []string
 				for _, kv := range m.Config {
 					if kv.Key != MetricsAddrKey {
-						cfg = append(cfg, kv.Key+"="+kv.Value)
+						cfg = append(cfg, kv.Key+"="+configValue(kv))
 					}
 				}
 				mv.Config = strings.Join(cfg, " ")
@@ -454,6 +455,16 @@ func fillNode(mv *memberView, eligible bool, nodes map[string]NodeStatus, capTot
 		}
 	}
 	mv.Connections = fmt.Sprintf("%.0f", ns.Connections)
+}
+
+// configValue shows byte-sized config values (capacity, max_msg, *_bytes) in binary units.
+func configValue(kv wire.KV) string {
+	if kv.Key == "capacity" || kv.Key == "max_msg" || strings.HasSuffix(kv.Key, "_bytes") {
+		if n, err := strconv.ParseInt(kv.Value, 10, 64); err == nil && n > 0 {
+			return humanBytes(float64(n))
+		}
+	}
+	return kv.Value
 }
 
 func memberMetricsAddr(m *wire.Member) string {
