@@ -82,6 +82,41 @@ else
   go test -race -count=1 -timeout 20m ./...
 fi
 
+# --- operator view (docs/ops; issue 15) ----------------------------------------------------
+# Debian's prometheus (promtool and the server) and chromium (headless screenshots), installed
+# without starting the prometheus daemon. Then: the rules check and their unit tests (every
+# alert has a firing and a not-firing case and a runbook paragraph), and the end-to-end test
+# (go/e2e/ops, build tag "ops"): a real Prometheus scraping a real 3-node cluster and MDS
+# evaluates every dashboard query, sees the node-down alert fire after a kill, and headless
+# Chromium renders the MDS /status page (screenshot under build/ops-artifacts/, path printed).
+step "operator view: alert rules (promtool) and the Prometheus + Chromium end-to-end test"
+need_ops=()
+{ command -v promtool >/dev/null && command -v prometheus >/dev/null; } || need_ops+=(prometheus)
+command -v chromium >/dev/null || need_ops+=(chromium)
+if [ ${#need_ops[@]} -gt 0 ]; then
+  echo "installing with apt-get: ${need_ops[*]} (the prometheus daemon is not started)"
+  rc_policy=/usr/sbin/policy-rc.d
+  created_policy=0
+  if [ ! -e "$rc_policy" ] && [ -w /usr/sbin ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$rc_policy" && chmod +x "$rc_policy" && created_policy=1
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_ops[@]}" >/dev/null
+  if [ $created_policy = 1 ]; then rm -f "$rc_policy"; fi
+fi
+rules=docs/ops/prometheus/dfkv-rules.yml
+promtool check rules "$rules"
+promtool check config docs/ops/prometheus/prometheus.example.yml
+promtool test rules docs/ops/prometheus/*_test.yml
+for a in $(sed -n 's/^ *- alert: *//p' "$rules"); do
+  t=docs/ops/prometheus/dfkv-rules_test.yml
+  grep -q "alertname: $a, exp_alerts: \[\]" "$t" || { echo "tools/test.sh: alert $a has no not-firing test in $t"; exit 1; }
+  grep -Eq "^ *alertname: $a\$" "$t" || { echo "tools/test.sh: alert $a has no firing test in $t"; exit 1; }
+  grep -q "^## $a\$" docs/ops/RUNBOOK.md || { echo "tools/test.sh: alert $a has no paragraph in docs/ops/RUNBOOK.md"; exit 1; }
+done
+go vet -tags ops ./go/e2e/ops/
+CI=true go test -tags ops -count=1 -v -timeout 5m ./go/e2e/ops/
+# --- end operator view ---------------------------------------------------------------------
+
 if [ $quick = 0 ]; then
   step "fuzz every decoder briefly"
   for pkg in $(go list ./go/...); do
