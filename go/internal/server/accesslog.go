@@ -2,13 +2,13 @@ package server
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"strconv"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
@@ -64,22 +64,35 @@ func (a *AccessLog) flusher() {
 	}
 }
 
-// Close flushes what is buffered and stops the flusher. The writer is not closed.
+// Close flushes what is buffered and stops the flusher; records logged afterwards (a
+// connection still finishing) are written through unbuffered. The writer is not closed.
 func (a *AccessLog) Close() error {
 	a.once.Do(func() { close(a.stop); <-a.done })
-	return a.bw.Flush()
+	return a.bw.closeBuffer()
 }
 
 // syncBuffer serialises the handler's writes with the flusher's.
 type syncBuffer struct {
-	mu sync.Mutex
-	w  *bufio.Writer
+	mu     sync.Mutex
+	w      *bufio.Writer
+	closed bool
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.w.Write(p)
+	n, err := b.w.Write(p)
+	if err == nil && b.closed {
+		err = b.w.Flush()
+	}
+	return n, err
+}
+
+func (b *syncBuffer) closeBuffer() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	return b.w.Flush()
 }
 
 func (b *syncBuffer) Flush() error {
@@ -138,37 +151,51 @@ func (c *conn) access(req *wire.Request, d time.Duration, connErr error) {
 	if c.peer == "" {
 		c.peer = c.nc.RemoteAddr().String()
 	}
-	var idb [32]byte
+	// A connection usually carries one tenant: format its hash once.
+	if c.tenantStr == "" || c.tenantFor != req.Tenant {
+		c.tenantFor, c.tenantStr = req.Tenant, strconv.FormatUint(req.Tenant, 16)
+	}
 	status := statusName(c.acc.status)
 	if connErr != nil {
 		status = "ConnectionClosed"
 	}
-	attrs := [...]slog.Attr{
-		slog.String("op", opName(req.Op)),
-		slog.String("tenant", strconv.FormatUint(req.Tenant, 16)),
-		slog.String("key_hash", keyHash(idb[:], req)),
-		slog.Uint64("size", req.PayloadLen),
-		slog.Uint64("sent", c.acc.sent),
-		slog.String("status", status),
-		slog.Int64("latency_us", d.Microseconds()),
-		slog.String("peer", c.peer),
-		slog.Uint64("items", uint64(c.acc.items)),
-		slog.Uint64("items_ok", uint64(c.acc.itemsOK)),
+	bp := lineBufs.Get().(*[]byte)
+	b := (*bp)[:0]
+	b = append(b, `{"time":"`...)
+	b = c.appendTime(b, time.Now())
+	b = append(b, `","level":"INFO","msg":"access","op":"`...)
+	b = append(b, opName(req.Op)...)
+	b = append(b, `","tenant":"`...)
+	b = append(b, c.tenantStr...)
+	b = append(b, `","key_hash":"`...)
+	b = append(b, keyHash(&c.keyHex, req)...)
+	b = append(b, `","size":`...)
+	b = strconv.AppendUint(b, req.PayloadLen, 10)
+	b = append(b, `,"sent":`...)
+	b = strconv.AppendUint(b, c.acc.sent, 10)
+	b = append(b, `,"status":"`...)
+	b = append(b, status...)
+	b = append(b, `","latency_us":`...)
+	b = strconv.AppendInt(b, d.Microseconds(), 10)
+	b = append(b, `,"peer":`...)
+	b = appendJSONString(b, c.peer)
+	if c.acc.items > 0 {
+		b = append(b, `,"items":`...)
+		b = strconv.AppendUint(b, uint64(c.acc.items), 10)
+		b = append(b, `,"items_ok":`...)
+		b = strconv.AppendUint(b, uint64(c.acc.itemsOK), 10)
 	}
-	n := len(attrs)
-	if c.acc.items == 0 {
-		n -= 2 // single-key ops have no items
-	}
-	// Straight to the handler: slog.Logger would also capture the caller's PC, which the
-	// record does not show.
-	rec := slog.NewRecord(time.Now(), slog.LevelInfo, "access", 0)
-	rec.AddAttrs(attrs[:n]...)
-	_ = a.h.Handle(context.Background(), rec)
+	b = append(b, '}', '\n')
+	_, _ = a.bw.Write(b)
+	*bp = b
+	lineBufs.Put(bp)
 }
 
-// keyHash formats the request's object id (already a SHA-256 prefix of the key) as hex;
-// batch requests carry their ids in the items, so they log none here.
-func keyHash(buf []byte, req *wire.Request) string {
+// keyHash formats the request's object id (already a SHA-256 prefix of the key) as hex
+// into the connection's buffer; batch requests carry their ids in the items, so they log
+// none here. The string aliases buf: it is valid until the next record of the connection,
+// which is enough because the handler renders the record before returning.
+func keyHash(buf *[32]byte, req *wire.Request) string {
 	if req.ID.IsZero() {
 		return ""
 	}
@@ -177,5 +204,24 @@ func keyHash(buf []byte, req *wire.Request) string {
 		buf[15-i] = hexd[(req.ID.Hi>>(4*i))&0xf]
 		buf[31-i] = hexd[(req.ID.Lo>>(4*i))&0xf]
 	}
-	return string(buf[:32])
+	return unsafe.String(&buf[0], len(buf))
+}
+
+// appendTime appends t in UTC as RFC 3339 with nanoseconds (2006-01-02T15:04:05.000000000Z),
+// formatting the date and clock once per second per connection.
+func (c *conn) appendTime(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	if sec := t.Unix(); sec != c.tsSec || len(c.tsPrefix) == 0 {
+		c.tsSec = sec
+		c.tsPrefix = t.Truncate(time.Second).AppendFormat(c.tsPrefix[:0], "2006-01-02T15:04:05.")
+	}
+	b = append(b, c.tsPrefix...)
+	ns := t.Nanosecond()
+	var d [9]byte
+	for i := 8; i >= 0; i-- {
+		d[i] = byte('0' + ns%10)
+		ns /= 10
+	}
+	b = append(b, d[:]...)
+	return append(b, 'Z')
 }

@@ -94,6 +94,13 @@ func TestAccessLogRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
+	// As dfkv_server does: drain the connections (each logs its last request after
+	// flushing the reply), then close the log.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := al.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -127,10 +134,19 @@ func TestAccessLogRecords(t *testing.T) {
 	if miss.Sent != 0 || miss.KeyHash == id || len(miss.KeyHash) != 32 {
 		t.Fatalf("miss record %+v", miss)
 	}
-	// The client may split a batch; the hit is in one BatchGet record with its bytes.
-	bg := find("BatchGet", "Ok")
-	if bg.Items < 1 || bg.ItemsOK != 1 || bg.Sent != 5000 || bg.KeyHash != "" {
-		t.Fatalf("batch record %+v", bg)
+	// The client may split a batch; the hit is in one BatchGet record with its bytes, and
+	// every item is accounted for once.
+	var nItems, itemsOK, sent uint64
+	for _, r := range recs {
+		if r.Op == "BatchGet" {
+			if r.Status != "Ok" || r.KeyHash != "" || r.Items == 0 {
+				t.Fatalf("batch record %+v", r)
+			}
+			nItems, itemsOK, sent = nItems+r.Items, itemsOK+r.ItemsOK, sent+r.Sent
+		}
+	}
+	if nItems != 2 || itemsOK != 1 || sent != 5000 {
+		t.Fatalf("batch records: %d items, %d ok, %d bytes sent; want 2, 1, 5000\n%s", nItems, itemsOK, sent, raw)
 	}
 }
 
@@ -151,6 +167,11 @@ func TestAccessLogSampling(t *testing.T) {
 		}
 	}
 	c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := al.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -160,18 +181,26 @@ func TestAccessLogSampling(t *testing.T) {
 			puts++
 		}
 	}
-	// 1 in 10 per connection; the client may have used more than one connection.
-	if puts < 10 || puts > 14 {
+	// 1 in 10 requests per connection (a Hello also counts); the client may use more than one connection.
+	if puts < 8 || puts > 14 {
 		t.Fatalf("logged %d of 100 puts at 1-in-10 sampling", puts)
 	}
 }
 
-// BenchmarkWarmGetAccessLog measures warm single-key GETs (4 KiB values, RAM engine,
-// 2×GOMAXPROCS concurrent loopback callers) against two servers side by side: one without
-// an access log and one logging every request to a file. The two are driven in alternating
-// rounds so machine noise hits both alike; the reported full/off metric is the logged
-// server's throughput as a fraction of the plain one's (docs/BENCHMARKS.md).
+// BenchmarkWarmGetAccessLog measures warm single-key GETs (RAM engine, 2×GOMAXPROCS
+// concurrent loopback callers) against two servers side by side: one without an access log
+// and one logging every request to a file. The two are driven in alternating rounds so
+// machine noise hits both alike; wall-full/off is the logged server's throughput as a
+// fraction of the plain one's, cpu-full/off the same for process CPU per GET (client and
+// both servers share the process). 1 MiB is dfkv's headline warm GET; 4 KiB the worst case
+// for a per-request cost (docs/BENCHMARKS.md).
 func BenchmarkWarmGetAccessLog(b *testing.B) {
+	for _, size := range []int{4 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("size=%dKiB", size>>10), func(b *testing.B) { benchWarmGetAccessLog(b, size) })
+	}
+}
+
+func benchWarmGetAccessLog(b *testing.B, size int) {
 	sink, err := os.Create(filepath.Join(b.TempDir(), "access.log"))
 	if err != nil {
 		b.Fatal(err)
@@ -181,8 +210,8 @@ func BenchmarkWarmGetAccessLog(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	val := bytes.Repeat([]byte{1}, 4096)
-	const keys = 256
+	val := bytes.Repeat([]byte{1}, size)
+	keys := min(256, (32<<20)/size)
 	setup := func(cfg server.Config) *client.Client {
 		cfg.Engine = store.NewMem(64 << 20)
 		n := startNodeB(b, cfg)
@@ -223,12 +252,13 @@ func BenchmarkWarmGetAccessLog(b *testing.B) {
 		wg.Wait()
 		return time.Since(start), cpuTime(b) - cpu0
 	}
-	round(off, 2000) // warm both: connections, pools
-	round(full, 2000)
-	const rounds = 100
+	round(off, 200) // warm both: connections, pools
+	round(full, 200)
+	const rounds = 40
 	per := max(b.N/rounds, workers)
 	var tOff, tFull, cOff, cFull time.Duration
 	add := func(t, c *time.Duration, dt, dc time.Duration) { *t += dt; *c += dc }
+	b.SetBytes(int64(size))
 	b.ResetTimer()
 	for r := 0; r < rounds; r++ {
 		if r%2 == 0 {
@@ -266,9 +296,10 @@ func BenchmarkAccessRecord(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer al.Close()
+	log := server.AccessLoggerForTest(al)
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		server.LogAccessForTest(al)
+		log()
 	}
 }
 

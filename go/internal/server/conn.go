@@ -46,9 +46,14 @@ type conn struct {
 	items []byte // batch items / sg preamble / control payloads
 	first bool
 
-	acc     accessRecord // filled by the reply assembly for the access log
-	accessN uint64
-	peer    string
+	acc       accessRecord // filled by the reply assembly for the access log
+	accessN   uint64
+	peer      string
+	tenantFor uint64
+	tenantStr string
+	keyHex    [32]byte
+	tsSec     int64
+	tsPrefix  []byte
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
