@@ -8,19 +8,25 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 // lockedBuf is an io.Writer the test reads while the access log writes.
@@ -328,4 +334,64 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestAccessLineIsSlogJSON holds the access log's hand-rendered line equal to what
+// slog.NewJSONHandler writes for the same attributes (the timestamp compared as a time).
+func TestAccessLineIsSlogJSON(t *testing.T) {
+	cases := []struct {
+		req         wire.Request
+		peer        string
+		st          fb.Status
+		sent        uint64
+		items, ok   uint32
+		d           time.Duration
+		wantKeyHash string
+	}{
+		{wire.Request{Op: fb.OpGet, Tenant: 0xabc, ID: identity.ObjectID{Hi: 0x0123456789abcdef, Lo: 0xfedcba9876543210}}, "127.0.0.1:5000", fb.StatusOk, 4096, 0, 0, 1500 * time.Microsecond, "0123456789abcdeffedcba9876543210"},
+		{wire.Request{Op: fb.OpPut, PayloadLen: 1 << 20, ID: identity.ObjectID{Lo: 1}}, `[::1]:7 "odd\peer"<&>`, fb.StatusQuotaExceeded, 0, 0, 0, 0, "00000000000000000000000000000001"},
+		{wire.Request{Op: fb.OpBatchGet, Tenant: ^uint64(0), PayloadLen: 80}, "10.0.0.1:1", fb.StatusOk, 300, 2, 1, time.Second, ""},
+	}
+	for i, tc := range cases {
+		var got lockedBuf
+		al, err := server.NewAccessLog(&got, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := time.Now()
+		server.AccessLineForTest(al, &tc.req, tc.peer, tc.st, tc.sent, tc.items, tc.ok, tc.d)
+		after := time.Now()
+		if err := al.Close(); err != nil {
+			t.Fatal(err)
+		}
+		var want bytes.Buffer
+		attrs := []slog.Attr{
+			slog.String("op", fb.EnumNamesOp[tc.req.Op]), slog.String("tenant", strconv.FormatUint(tc.req.Tenant, 16)),
+			slog.String("key_hash", tc.wantKeyHash), slog.Uint64("size", tc.req.PayloadLen), slog.Uint64("sent", tc.sent),
+			slog.String("status", fb.EnumNamesStatus[tc.st]), slog.Int64("latency_us", tc.d.Microseconds()), slog.String("peer", tc.peer),
+		}
+		if tc.items > 0 {
+			attrs = append(attrs, slog.Uint64("items", uint64(tc.items)), slog.Uint64("items_ok", uint64(tc.ok)))
+		}
+		slog.New(slog.NewJSONHandler(&want, nil)).LogAttrs(context.Background(), slog.LevelInfo, "access", attrs...)
+		var g, w map[string]any
+		if err := json.Unmarshal(got.Bytes(), &g); err != nil {
+			t.Fatalf("case %d: %q: %v", i, got.Bytes(), err)
+		}
+		if err := json.Unmarshal(want.Bytes(), &w); err != nil {
+			t.Fatal(err)
+		}
+		ts, err := time.Parse(time.RFC3339Nano, g["time"].(string))
+		if err != nil || ts.Before(before.Truncate(time.Microsecond)) || ts.After(after) {
+			t.Fatalf("case %d: time %v not in [%v, %v] (%v)", i, g["time"], before, after, err)
+		}
+		delete(g, "time")
+		delete(w, "time")
+		if diff := cmp.Diff(w, g); diff != "" {
+			t.Fatalf("case %d: access line differs from slog's JSON (-slog +ours):\n%s\nours: %s", i, diff, got.Bytes())
+		}
+		if bytes.Count(got.Bytes(), []byte("\n")) != 1 {
+			t.Fatalf("case %d: want exactly one line: %q", i, got.Bytes())
+		}
+	}
 }

@@ -20,3 +20,12 @@ func AccessLoggerForTest(a *AccessLog) func() {
 		c.logPending()
 	}
 }
+
+// AccessLineForTest renders one record for req as the serve loop would, with the given
+// peer, reply status, bytes sent and batch items.
+func AccessLineForTest(a *AccessLog, req *wire.Request, peer string, st fb.Status, sent uint64, items, ok uint32, d time.Duration) {
+	c := &conn{s: &Server{cfg: Config{AccessLog: a}}, peer: peer}
+	c.acc = accessRecord{status: st, sent: sent, items: items, itemsOK: ok}
+	c.noteAccess(req, d, nil)
+	c.logPending()
+}
