@@ -443,6 +443,9 @@ func fillNode(mv *memberView, eligible bool, nodes map[string]NodeStatus, capTot
 	if ns.Capacity > 0 {
 		mv.UsedFrac = min(1, ns.Used/ns.Capacity)
 		mv.UsedPct = fmt.Sprintf("%.0f%%", 100*mv.UsedFrac)
+		if ns.Used > 0 && mv.UsedFrac < 0.005 {
+			mv.UsedPct = "<1%"
+		}
 	}
 	mv.Objects = fmt.Sprintf("%.0f", ns.Objects)
 	if t := ns.GetHits + ns.GetMisses; t > 0 {
@@ -510,7 +513,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .up{background:#d9f2e0;color:#116b2c}.down{background:#fbd9d7;color:#9c1c13}.warn{background:#fdefc8;color:#7a5200}.unknown{background:#e4e6ea;color:#444}
 tr.row-down td{background:#fff4f3}
 .bar{background:#e8ebef;border-radius:4px;height:8px;width:110px;margin-top:4px}.bar i{display:block;height:8px;border-radius:4px;background:#3b7dd8}
-.mono{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:13px}.muted{color:#5b6475;font-size:12px}
+.mono{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:13px}.nowrap{white-space:nowrap}.muted{color:#5b6475;font-size:12px}
 </style></head><body>
 <h1>dfkv cluster status</h1>
 <div class="sub">dfkv_mds {{.Version}} · {{.Now}} · refreshes every {{.Refresh}} s (nodes polled at most every {{.PollInterval}}) · lease TTL {{.LeaseTTL}}</div>
@@ -530,7 +533,7 @@ tr.row-down td{background:#fff4f3}
 <td><b>{{.ID}}</b>{{if .Config}}<div class="muted">{{.Config}}</div>{{end}}{{range .Rails}}<div class="muted">rail {{.}}</div>{{end}}</td>
 <td><span class="badge {{.StateClass}}">{{.State}}</span>{{if .Detail}}<div class="muted">{{.Detail}}</div>{{end}}</td>
 <td class="mono">{{.Addr}}{{if .MetricsAddr}}<div class="muted">metrics {{.MetricsAddr}}</div>{{end}}</td>
-<td class="num">{{.Weight}}</td><td class="num">{{.Share}}</td><td class="mono">{{.Version}}</td>
+<td class="num">{{.Weight}}</td><td class="num">{{.Share}}</td><td class="mono nowrap">{{.Version}}</td>
 <td>{{.Used}} / {{.Capacity}}{{if .UsedPct}} ({{.UsedPct}})<div class="bar"><i style="width:{{pct .UsedFrac}}%"></i></div>{{end}}</td>
 <td class="num">{{.Objects}}</td><td>{{.HitRate}}</td><td>{{.RAM}}</td><td class="num">{{.Connections}}</td></tr>
 {{end}}</table>{{else}}<p class="muted">No members registered.</p>{{end}}
