@@ -167,16 +167,26 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	var nodeReg nodeRegistration
+	ready := func() error {
+		if !engine.Stats().Healthy {
+			return errors.New("store unhealthy")
+		}
+		return nodeReg.ready()
+	}
+	// /readyz as a gauge, so "not ready" (store unhealthy, or not yet registered with the
+	// MDS) can be graphed and alerted on.
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dfkv_server_ready",
+		Help: "1 when /readyz answers 200 (store healthy and, with --mds, registered)."}, func() float64 {
+		if ready() != nil {
+			return 0
+		}
+		return 1
+	}))
 	var httpSrv *metrics.HTTPServer
 	if o.metricsPort > 0 {
 		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
 			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log,
-			Ready: func() error {
-				if !engine.Stats().Healthy {
-					return errors.New("store unhealthy")
-				}
-				return nodeReg.ready()
-			},
+			Ready: ready,
 		})
 		if err != nil {
 			ln.Close()

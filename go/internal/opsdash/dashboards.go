@@ -59,7 +59,7 @@ func Overview() Dashboard {
 		Rows: []Row{
 			{Title: "Health", Panels: []Panel{
 				stat("Nodes up", "short", q(`sum(up{job="dfkv_server"})`, "up"), q(`count(up{job="dfkv_server"})`, "scraped")),
-				stat("Stores healthy", "short", q(`sum(dfkv_store_healthy{`+nodeSel+`})`, "healthy")),
+				stat("Nodes ready", "short", q(`sum(dfkv_server_ready{`+nodeSel+`})`, "ready"), q(`sum(dfkv_store_healthy{`+nodeSel+`})`, "stores healthy")),
 				stat("GET hit rate (5m)", "percentunit", q(`dfkv:cluster_get_hit_ratio:rate5m`, "hit rate")),
 				stat("MDS with etcd", "short", q(`sum(dfkv_mds_etcd_up)`, "etcd up"), q(`count(dfkv_mds_etcd_up)`, "replicas")),
 				stat("Ring members", "short", q(`max by (group) (dfkv_mds_group_members{`+mdsGroup+`})`, "{{group}}")),
