@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -146,5 +147,45 @@ func TestHumanBytes(t *testing.T) {
 		if got := humanBytes(c.in); got != c.want {
 			t.Errorf("humanBytes(%v) = %q, want %q", c.in, got, c.want)
 		}
+	}
+}
+
+// TestStatusPageEtcdDownAndConcurrentViews: with the store down the page still renders
+// (the group shows the error), and concurrent viewers share the node scrapes safely.
+func TestStatusPageEtcdDownAndConcurrentViews(t *testing.T) {
+	svc, st, _ := newTestService(t)
+	var ready atomic.Pointer[string]
+	ts, _ := nodeMetrics(t, &ready)
+	m := member("n1", "127.0.0.1:11")
+	m.Config = append(m.Config, wire.KV{Key: MetricsAddrKey, Value: strings.TrimPrefix(ts.URL, "http://")})
+	if r := call(t, svc, wire.MdsRequest{Op: fb.MdsOpRegisterMember, Member: m}); r.Status != fb.StatusOk {
+		t.Fatalf("register: %+v", r)
+	}
+	p, err := NewStatusPage(StatusConfig{Service: svc, PollInterval: time.Millisecond, Logger: quiet(),
+		Groups: func() []string { return []string{"other", DefaultGroup} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec := httptest.NewRecorder()
+			p.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/status", nil))
+			if !strings.Contains(rec.Body.String(), `data-member="n1" data-state="up"`) {
+				t.Errorf("concurrent view lacks n1 up:\n%s", rec.Body.String())
+			}
+		}()
+	}
+	wg.Wait()
+	page := getPage(t, p)
+	if !strings.Contains(page, "Group <span class=\"mono\">other</span>") || !strings.Contains(page, "No members registered.") {
+		t.Fatalf("an empty group should be listed as empty:\n%s", page)
+	}
+	st.SetDown(true)
+	page = getPage(t, p)
+	if !strings.Contains(page, `<span class="badge down">list members of default`) {
+		t.Fatalf("store down: the group should show the listing error:\n%s", page)
 	}
 }
