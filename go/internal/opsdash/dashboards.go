@@ -45,7 +45,8 @@ func ts(title, unit string, t ...Target) Panel { return Panel{Title: title, Unit
 func stat(title, unit string, t ...Target) Panel {
 	return Panel{Title: title, Kind: "stat", Unit: unit, Targets: t}
 }
-func q(expr, legend string) Target { return Target{Expr: expr, Legend: legend} }
+func withDesc(p Panel, d string) Panel { p.Description = d; return p }
+func q(expr, legend string) Target     { return Target{Expr: expr, Legend: legend} }
 
 // All returns every dashboard, in file order.
 func All() []Dashboard { return []Dashboard{Overview(), Node(), RDMA()} }
@@ -60,7 +61,8 @@ func Overview() Dashboard {
 			{Title: "Health", Panels: []Panel{
 				stat("Nodes up", "short", q(`sum(up{job="dfkv_server"})`, "up"), q(`count(up{job="dfkv_server"})`, "scraped")),
 				stat("Nodes ready", "short", q(`sum(dfkv_server_ready{`+nodeSel+`})`, "ready"), q(`sum(dfkv_store_healthy{`+nodeSel+`})`, "stores healthy")),
-				stat("GET hit rate (5m)", "percentunit", q(`dfkv:cluster_get_hit_ratio:rate5m`, "hit rate")),
+				withDesc(stat("GET hit rate (5m)", "percentunit", q(`dfkv:cluster_get_hit_ratio:rate5m`, "hit rate")),
+					"Recording rule from docs/ops/prometheus/dfkv-rules.yml: GET/BatchGet/SgGet answered Ok over Ok+NotFound."),
 				stat("MDS with etcd", "short", q(`sum(dfkv_mds_etcd_up)`, "etcd up"), q(`count(dfkv_mds_etcd_up)`, "replicas")),
 				stat("Ring members", "short", q(`max by (group) (dfkv_mds_group_members{`+mdsGroup+`})`, "{{group}}")),
 				stat("Registered clients", "short", q(`max by (group) (dfkv_mds_group_clients{`+mdsGroup+`})`, "{{group}}")),
