@@ -22,6 +22,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
 	"github.com/dfkv/dfkv/go/internal/metrics"
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
@@ -40,6 +41,7 @@ type options struct {
 	showVersion                            bool
 	tier                                   tierOptions
 	mds                                    mdsFlags
+	sec                                    cli.Security
 }
 
 func defaultDataDir() string {
@@ -72,6 +74,7 @@ func parse(args []string) (*options, error) {
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	addTierFlags(fs, &o.tier)
 	o.mds.define(fs)
+	o.sec.Define(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dfkv_server [flags]\nEvery flag also reads DFKV_<FLAG> (e.g. --store-engine ↔ DFKV_STORE_ENGINE).\n\n")
 		fs.PrintDefaults()
@@ -86,6 +89,9 @@ func parse(args []string) (*options, error) {
 		return nil, err
 	}
 	if err := o.mds.validate(); err != nil {
+		return nil, err
+	}
+	if err := o.sec.Validate(); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -129,6 +135,14 @@ func serve(o *options, log *slog.Logger) error {
 		}
 	}
 
+	sec, err := o.sec.Load(log)
+	if err != nil {
+		closeEngine()
+		return err
+	}
+	sec.Start(o.sec.ReloadEvery)
+	defer sec.Stop()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_server_build_info", Help: "Build and configuration of this node."}, []string{"version", "engine"})
@@ -141,7 +155,7 @@ func serve(o *options, log *slog.Logger) error {
 		FirstRequestTimeout: time.Duration(o.firstReqMS) * time.Millisecond,
 		IOTimeout:           time.Duration(o.ioTimeoutMS) * time.Millisecond,
 		IdleTimeout:         time.Duration(o.idleMS) * time.Millisecond,
-		SoftwareVersion:     version.Version, Logger: log, Metrics: m,
+		SoftwareVersion:     version.Version, Logger: log, Metrics: m, Auth: sec.Tokens,
 	})
 	if err != nil {
 		closeEngine()
@@ -152,11 +166,16 @@ func serve(o *options, log *slog.Logger) error {
 		closeEngine()
 		return err
 	}
+	if cfg := sec.ServerTLS(); cfg != nil {
+		ln = secure.Listener(ln, cfg)
+	}
+	sec.WarnIfOpen(log, o.host)
 	var nodeReg nodeRegistration
 	var httpSrv *metrics.HTTPServer
 	if o.metricsPort > 0 {
 		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
-			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log,
+			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log, TLS: sec.ServerTLS(),
+			FirstRequestLimit: time.Duration(o.firstReqMS) * time.Millisecond,
 			Ready: func() error {
 				if !engine.Stats().Healthy {
 					return errors.New("store unhealthy")
@@ -179,7 +198,7 @@ func serve(o *options, log *slog.Logger) error {
 		}
 	}
 	log.Info("dfkv_server listening", "addr", addr, "engine", o.engine, "dirs", strings.Join(dirs, ","),
-		"cap", int64(o.capacity), "version", version.Version)
+		"cap", int64(o.capacity), "version", version.Version, "tls", sec.TLS != nil, "auth_tokens", sec.Tokens != nil)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

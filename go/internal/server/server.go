@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport"
 	"github.com/dfkv/dfkv/go/internal/wire"
@@ -29,6 +30,9 @@ type Config struct {
 	SoftwareVersion     string
 	Logger              *slog.Logger
 	Metrics             *Metrics // nil = a private registry
+	// Auth, when set, makes every op but PING and HELLO need a token (sent in HELLO) that
+	// grants it on the request's tenant; others are answered Forbidden.
+	Auth *secure.Tokens
 }
 
 func (c *Config) setDefaults() {
