@@ -170,6 +170,14 @@ func TestTLSRefusals(t *testing.T) {
 	if err := good.Put([]byte("k"), []byte("mtls ok")); err != nil {
 		t.Fatalf("mTLS with a good client certificate: %v", err)
 	}
+	// dfkvctl speaks mTLS with flags, and its env twins.
+	if out := ctl(t, "--node", mtls.addr, "--ns", "sec", "--tls-ca", p.ca, "--tls-cert", p.cliCert, "--tls-key", p.cliKey, "exist", "k"); !strings.Contains(out, "7") {
+		t.Fatalf("dfkvctl exist over mTLS: %q", out)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "dfkvctl"), "--node", mtls.addr, "--tls-ca", p.ca, "exist", "k")
+	if out, err := cmd.CombinedOutput(); err == nil {
+		t.Fatalf("dfkvctl without a client certificate succeeded: %s", out)
+	}
 }
 
 // peerCN dials addr and returns the CommonName of the certificate the server presents.
@@ -339,6 +347,13 @@ func TestTenantTokens(t *testing.T) {
 		if !errors.Is(err, client.ErrForbidden) {
 			t.Fatalf("%s: %v", name, err)
 		}
+	}
+	// dfkvctl: --token and --tenant; the wrong tenant exits 2 saying forbidden.
+	ctl(t, "--node", srv.addr, "--ns", "sec", "--tenant", "tenant-a", "--token", "tok-a", "exist", "a-key")
+	cmd := exec.Command(filepath.Join(binDir, "dfkvctl"), "--node", srv.addr, "--ns", "sec", "--tenant", "tenant-b", "exist", "shared-key")
+	cmd.Env = append(os.Environ(), "DFKV_TOKEN=tok-a")
+	if out, err := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "forbidden") {
+		t.Fatalf("dfkvctl with tenant A's token on tenant B: %v %s", err, out)
 	}
 	// STATS is an admin view.
 	if _, err := a.NodeStats(srv.addr); err == nil {
