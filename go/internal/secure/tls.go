@@ -166,7 +166,8 @@ func (t *TLS) Reload() (bool, error) {
 			return false, fmt.Errorf("tls: %s: no PEM certificates", t.files.CA)
 		}
 	}
-	m.cf = &tls.Config{MinVersion: tls.VersionTLS13}
+	// Full 16 KiB records from the first byte: cache replies are bulk transfers.
+	m.cf = &tls.Config{MinVersion: tls.VersionTLS13, DynamicRecordSizingDisabled: true}
 	if t.server {
 		if m.cert == nil {
 			return false, errors.New("tls: server needs a certificate")
