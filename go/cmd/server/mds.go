@@ -119,6 +119,7 @@ func (r *nodeRegistration) start(f *mdsFlags, bound string, log *slog.Logger) er
 	}
 	cfg := []wire.KV{{Key: "engine", Value: f.flagValue("store-engine")}, {Key: "capacity", Value: f.flagValue("cap")},
 		{Key: "transport", Value: "tcp"}, {Key: "max_msg", Value: f.flagValue("max-msg")},
+		{Key: "tls", Value: onOff(f.flagValue("tls-cert") != "")}, {Key: "auth_tokens", Value: onOff(f.flagValue("auth-tokens") != "")},
 		{Key: "disks", Value: strconv.Itoa(len(strings.Split(f.flagValue("dir"), ",")))}}
 	if on := f.flagValue("ram-tier"); on == "true" {
 		cfg = append(cfg, wire.KV{Key: "ram_tier", Value: "on"}, wire.KV{Key: "ram_tier_bytes", Value: f.flagValue("ram-tier-bytes")},
@@ -170,4 +171,11 @@ func (r *nodeRegistration) stop(log *slog.Logger) {
 	} else {
 		log.Info("deregistered from mds")
 	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
