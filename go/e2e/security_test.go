@@ -590,4 +590,16 @@ func TestMDSTLSAndTokens(t *testing.T) {
 	if resp, err := mdsList(t, p, m.addr, "tok-admin"); err != nil || resp == nil {
 		t.Fatalf("admin client list: %v", err)
 	}
+	// dfkvctl's cluster views over TLS with tokens: the ring with a tenant token, the client
+	// list and node stats with the admin token, the client list refused to a tenant token.
+	if out := ctl(t, "ring", "--mds", m.addr, "--group", mdsGroup, "--json", "--tls-ca", p.ca, "--token", "tok-a"); !strings.Contains(out, `"n1"`) {
+		t.Fatalf("dfkvctl ring over TLS: %s", out)
+	}
+	if out := ctl(t, "stat", "--all", "--mds", m.addr, "--group", mdsGroup, "--json", "--tls-ca", p.ca, "--token", "tok-admin"); !strings.Contains(out, "store_objects") {
+		t.Fatalf("dfkvctl stat --all over TLS with the admin token: %s", out)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "dfkvctl"), "clients", "--mds", m.addr, "--group", mdsGroup, "--tls-ca", p.ca, "--token", "tok-a")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "forbidden") {
+		t.Fatalf("dfkvctl clients with a tenant token: %v %s", err, out)
+	}
 }
