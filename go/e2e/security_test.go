@@ -603,3 +603,31 @@ func TestMDSTLSAndTokens(t *testing.T) {
 		t.Fatalf("dfkvctl clients with a tenant token: %v %s", err, out)
 	}
 }
+
+// TestMDSMutualTLS: an MDS that requires client certificates accepts a node registering
+// with --mds-tls-cert/--mds-tls-key and refuses a caller without one.
+func TestMDSMutualTLS(t *testing.T) {
+	p := newPKI(t)
+	m := startTLSMDS(t, p, "--tls-ca", p.ca, "--tls-client-auth", "require")
+	dir := t.TempDir()
+	adminTok := filepath.Join(dir, "admin.token")
+	if err := os.WriteFile(adminTok, []byte("tok-admin\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	node := startServer(t, t.TempDir(), "--cap", "64MiB", "--mds", m.addr, "--group", mdsGroup, "--id", "n1",
+		"--advertise", "127.0.0.1:0", "--mds-tls-ca", p.ca, "--mds-tls-cert", p.cliCert, "--mds-tls-key", p.cliKey,
+		"--mds-token-file", adminTok)
+	withCert, err := mdsclient.New([]string{m.addr}, mdsclient.Options{CallTimeout: 3 * time.Second,
+		TLS: tlsConfig(t, p.ca, p.cliCert, p.cliKey), Token: "tok-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer withCert.Close()
+	waitFor(t, 20*time.Second, "node registered over mTLS", func() bool {
+		resp, _, err := withCert.Call(context.Background(), &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: mdsGroup})
+		return err == nil && resp.Topology != nil && len(resp.Topology.Members) == 1
+	})
+	if _, _, err := mdsRPC(t, p, m.addr, "tok-a").Call(context.Background(), &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: mdsGroup}); err == nil {
+		t.Fatalf("an MDS requiring client certificates answered a caller without one\nnode log:\n%s", node.log)
+	}
+}
