@@ -631,3 +631,64 @@ func TestMDSMutualTLS(t *testing.T) {
 		t.Fatalf("an MDS requiring client certificates answered a caller without one\nnode log:\n%s", node.log)
 	}
 }
+
+// TestMDSExternalEtcdTLS: dfkv_mds reaches an external etcd (Debian's etcd-server) that
+// serves https and requires client certificates, with --etcd-cacert/--etcd-cert/--etcd-key;
+// without the client certificate its calls answer the etcd-unavailable status.
+func TestMDSExternalEtcdTLS(t *testing.T) {
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Skip("external etcd not installed (tools/test.sh installs Debian's etcd-server: apt-get install -y etcd-server)")
+	}
+	p := newPKI(t)
+	client, peer := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cmd := exec.Command(bin, "--name", "dfkv-e2e-tls", "--data-dir", filepath.Join(t.TempDir(), "data"),
+		"--listen-client-urls", "https://"+client, "--advertise-client-urls", "https://"+client,
+		"--listen-peer-urls", "http://"+peer, "--initial-advertise-peer-urls", "http://"+peer,
+		"--initial-cluster", "dfkv-e2e-tls=http://"+peer, "--log-level", "error",
+		"--cert-file", p.srvCert, "--key-file", p.srvKey, "--trusted-ca-file", p.ca, "--client-cert-auth")
+	elog := &lockedWriter{w: &strings.Builder{}}
+	cmd.Stdout, cmd.Stderr = elog, elog
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	https := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig(t, p.ca, p.cliCert, p.cliKey)}}
+	waitFor(t, 30*time.Second, "etcd (https) healthy", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("etcd exited at start: %v\n%s", err, elog)
+		default:
+		}
+		resp, err := https.Get("https://" + client + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	good := startMDS(t, "mds-etcd-tls", []string{"--etcd", client, "--etcd-cacert", p.ca, "--etcd-cert", p.cliCert, "--etcd-key", p.cliKey})
+	waitFor(t, 20*time.Second, "mds ready over etcd TLS", func() bool { return httpCode(good.metricsAddr, "/readyz") == 200 })
+	noCert := startMDS(t, "mds-etcd-nocert", []string{"--etcd", client, "--etcd-cacert", p.ca})
+	rpc, err := mdsclient.New([]string{noCert.addr}, mdsclient.Options{CallTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rpc.Close()
+	if _, _, err := rpc.Call(context.Background(), &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: mdsGroup}); !errors.Is(err, mdsclient.ErrBackend) {
+		t.Fatalf("mds without the etcd client certificate: %v, want ErrBackend", err)
+	}
+	ok, err := mdsclient.New([]string{good.addr}, mdsclient.Options{CallTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ok.Close()
+	if _, _, err := ok.Call(context.Background(), &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: mdsGroup}); err != nil {
+		t.Fatalf("mds with the etcd client certificate: %v", err)
+	}
+}
