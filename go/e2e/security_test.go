@@ -241,6 +241,9 @@ func TestTLSCertificateRotation(t *testing.T) {
 	if err := c.Get([]byte("k"), buf); err != nil || string(buf) != "before rotation" {
 		t.Fatalf("get after rotation: %q %v", buf, err)
 	}
+	if metricLine(before, "dfkv_client_dials_total") != "dfkv_client_dials_total 1" {
+		t.Fatalf("before the get: %q, want one dial", metricLine(before, "dfkv_client_dials_total"))
+	}
 	if dials := metricLine(c.Snapshot(), "dfkv_client_dials_total"); dials != metricLine(before, "dfkv_client_dials_total") {
 		t.Fatalf("the client redialed after rotation (%s -> %s): the old connection was dropped", metricLine(before, "dfkv_client_dials_total"), dials)
 	}
