@@ -1,6 +1,7 @@
 package client
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/transport"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
@@ -37,6 +39,11 @@ type Options struct {
 	BatchConcurrency int           // chunks in flight per batch call, default 4
 	Limits           wire.Limits   // client-side frame limits, default wire.DefaultLimits()
 	Logger           *slog.Logger
+	// TLS, when set, dials every node with TLS 1.3 over Dialer, checking the node's
+	// certificate against the host of its advertised address (see TLSFromFiles).
+	TLS *tls.Config
+	// Token is the tenant token sent in HELLO to nodes that run with --auth-tokens.
+	Token string
 }
 
 // Client is safe for concurrent use.
@@ -57,6 +64,13 @@ func New(opts Options) (*Client, error) {
 	}
 	if opts.Dialer == nil {
 		opts.Dialer = tcp.Dialer{}
+	}
+	if opts.TLS != nil {
+		cfg := opts.TLS
+		opts.Dialer = secure.Dialer{Inner: opts.Dialer, Config: func() *tls.Config { return cfg }}
+	}
+	if len(opts.Token) > wire.MaxTokenLen {
+		return nil, fmt.Errorf("dfkv: token longer than %d bytes: %w", wire.MaxTokenLen, ErrInvalid)
 	}
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = time.Second
@@ -162,6 +176,10 @@ func (c *Client) exec(p *peer, op func(pc *pconn) error) error {
 	for attempt := 0; ; attempt++ {
 		pc, err := p.get()
 		if err != nil {
+			var se statusError
+			if errors.As(err, &se) {
+				return se.err // refused at HELLO (Forbidden): the node is healthy
+			}
 			p.markFailed()
 			return err
 		}
@@ -432,3 +450,14 @@ var fanout = func() chan struct{} {
 	}
 	return make(chan struct{}, n)
 }()
+
+// TLSFromFiles builds a client TLS configuration from PEM files: ca verifies the servers
+// (empty: the system roots); cert and key, when given, are the client certificate for
+// servers that require one (mTLS).
+func TLSFromFiles(ca, cert, key string) (*tls.Config, error) {
+	t, err := secure.LoadClient(secure.TLSFiles{CA: ca, Cert: cert, Key: key}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("dfkv: %w", err)
+	}
+	return t.Config(), nil
+}

@@ -18,6 +18,9 @@ var (
 	ErrBufferTooSmall = errors.New("dfkv: buffer too small")
 	ErrClosed         = errors.New("dfkv: client closed")
 	ErrProtocol       = errors.New("dfkv: protocol error")
+	// ErrForbidden: the server runs with tenant tokens and this client's token (Options.Token)
+	// is missing, unknown, revoked, or does not grant the op on the client's tenant.
+	ErrForbidden = errors.New("dfkv: forbidden")
 )
 
 func statusErr(st fb.Status) error {
@@ -40,6 +43,8 @@ func statusErr(st fb.Status) error {
 		return ErrUnavailable
 	case fb.StatusBufferTooSmall:
 		return ErrBufferTooSmall
+	case fb.StatusForbidden:
+		return ErrForbidden
 	default:
 		return ErrProtocol
 	}

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,6 +43,10 @@ type MDSOptions struct {
 	Info      []wire.KV     // client_info
 	Heartbeat time.Duration // default a third of the MDS lease TTL
 	Logger    *slog.Logger
+	// TLS dials the MDS replicas with TLS 1.3 (see TLSFromFiles); Token is sent with every
+	// call to an MDS run with --auth-tokens.
+	TLS   *tls.Config
+	Token string
 }
 
 // MDSMembership follows a group's topology through the MDS. It swaps in a new View
@@ -110,7 +115,7 @@ func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	rpc, err := mdsclient.New(o.Endpoints, mdsclient.Options{CallTimeout: o.CallTimeout})
+	rpc, err := mdsclient.New(o.Endpoints, mdsclient.Options{CallTimeout: o.CallTimeout, TLS: o.TLS, Token: o.Token})
 	if err != nil {
 		return nil, fmt.Errorf("dfkv: %w", err)
 	}
@@ -157,7 +162,7 @@ func (m *MDSMembership) startRegistration() error {
 	}
 	info := &wire.ClientInfo{ID: id, Info: m.o.Info, PID: uint64(os.Getpid()), Hostname: host, RegisteredUnixMS: uint64(time.Now().UnixMilli())}
 	// A separate RPC client: registration heartbeats must not queue behind a slow poll.
-	rpc, err := mdsclient.New(m.o.Endpoints, mdsclient.Options{CallTimeout: m.o.CallTimeout})
+	rpc, err := mdsclient.New(m.o.Endpoints, mdsclient.Options{CallTimeout: m.o.CallTimeout, TLS: m.o.TLS, Token: m.o.Token})
 	if err != nil {
 		return fmt.Errorf("dfkv: %w", err)
 	}

@@ -117,7 +117,9 @@ func (pc *pconn) hello(p *peer) error {
 	local := wire.Hello{ProtocolVersion: uint32(wire.ProtocolVersion), MinProtocolVersion: uint32(wire.ProtocolVersion),
 		MaxValueBytes: p.c.opts.Limits.MaxValue, MaxBatchItems: p.c.opts.Limits.MaxBatchItems, MaxDepth: 1,
 		SoftwareVersion: Version, Transport: p.c.opts.Dialer.Mode()}
+	local.Token = p.c.opts.Token
 	body := wire.EncodeHello(local)
+	local.Token = "" // not kept in the negotiated state
 	req := wire.Request{Op: fb.OpHello, PayloadLen: uint64(len(body))}
 	_ = pc.nc.SetDeadline(time.Now().Add(p.c.opts.IOTimeout))
 	if err := pc.send(&req, body); err != nil {
@@ -126,6 +128,9 @@ func (pc *pconn) hello(p *peer) error {
 	resp, err := pc.recv(fb.OpHello)
 	if err != nil {
 		return ioErr(p.addr, err)
+	}
+	if resp.Status == fb.StatusForbidden {
+		return statusError{fmt.Errorf("dfkv: hello to %s: token refused: %w", p.addr, ErrForbidden)}
 	}
 	if resp.Status != fb.StatusOk || resp.PayloadLen > 64<<10 {
 		return fmt.Errorf("dfkv: hello to %s refused (status %d): %w", p.addr, resp.Status, ErrProtocol)

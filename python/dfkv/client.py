@@ -192,6 +192,12 @@ class Client:
     ``register_with_mds``: None = auto (with MDS endpoints, unless DFKV_CLIENT_REGISTER=0);
     ``client_id``/``client_info``/``client_heartbeat_ms``: registration details;
     ``batch_concurrency``: 0 = library default.
+
+    TLS and tenant tokens pass through the environment, read by libdfkv: ``DFKV_TLS_CA``
+    (verify nodes and the MDS; turns TLS on), ``DFKV_TLS_CERT``/``DFKV_TLS_KEY`` (client
+    certificate for mTLS), ``DFKV_TOKEN`` and ``DFKV_TENANT``. Set them before the library
+    loads (the first client of the process): the Go runtime copies the environment then.
+    A refused token makes operations fail like misses (False/None).
     """
 
     def __init__(

@@ -44,6 +44,10 @@ type options struct {
 	jsonOut   bool
 	cpuprof   string
 	label     string
+	tlsCA     string
+	tlsCert   string
+	tlsKey    string
+	token     string
 }
 
 func usage(w io.Writer, fs *flag.FlagSet) {
@@ -87,6 +91,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, int, bool) {
 	fs.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the measurement phase here")
 	fs.StringVar(&o.label, "label", "", "free-form label copied into the result")
+	fs.StringVar(&o.tlsCA, "tls-ca", "", "dfkv: connect with TLS 1.3, verifying nodes against this PEM CA")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "dfkv: client certificate (mTLS)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "dfkv: private key of --tls-cert")
+	fs.StringVar(&o.token, "token", "", "dfkv: tenant token (nodes run with --auth-tokens)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			usage(stderr, fs)
@@ -348,7 +356,8 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 	}
 	t, err := openTarget(targetConfig{kind: o.target, members: o.members, addr: o.addr, ns: o.ns,
 		conns: o.conns, batch: o.batch, ioTimeout: o.ioTimeout, getAuto: o.getAuto, bconc: o.bconc,
-		poolSize: o.poolSize, file: o.file, verify: o.verify}, int64(o.size))
+		poolSize: o.poolSize, file: o.file, verify: o.verify,
+		tlsCA: o.tlsCA, tlsCert: o.tlsCert, tlsKey: o.tlsKey, token: o.token}, int64(o.size))
 	if err != nil {
 		fmt.Fprintln(stderr, "dfkv_bench:", err)
 		return exitSetup

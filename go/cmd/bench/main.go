@@ -6,6 +6,7 @@
 //	           [--members id=host:port,... | --node host:port | --addr host:port | --file F] [--json]
 //	dfkv_bench rawserver --listen 127.0.0.1:0 --addr-file F   (the raw TCP baseline server)
 //	dfkv_bench odirect-prep --file F --bytes 384MiB           (the file --target odirect reads)
+//	dfkv_bench tls-testcerts --dir D [--hosts 127.0.0.1]      (throwaway CA, server and client certs)
 //
 // Targets: dfkv drives dfkv nodes through the Go client (one client shared by every worker;
 // the client pools connections per peer); rawtcp drives `dfkv_bench rawserver`, a trivial
@@ -41,6 +42,9 @@ const (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "rawserver" {
 		os.Exit(rawServe(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "tls-testcerts" {
+		os.Exit(tlsTestCerts(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "odirect-prep" {
 		os.Exit(odirectPrep(os.Args[2:], os.Stderr))

@@ -46,6 +46,8 @@ type targetConfig struct {
 	poolSize  int
 	file      string // odirect
 	verify    bool   // odirect checks its sector stamps itself
+	// dfkv connection security (TLS when any tls* is set)
+	tlsCA, tlsCert, tlsKey, token string
 }
 
 func openTarget(cfg targetConfig, size int64) (target, error) {

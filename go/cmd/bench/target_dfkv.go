@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -41,7 +42,14 @@ func openDfkv(cfg targetConfig) (target, error) {
 		// Enough idle connections that no worker ever dials mid-run.
 		pool = max(16, cfg.conns*bconc*len(members))
 	}
+	var tlsCfg *tls.Config
+	if cfg.tlsCA != "" || cfg.tlsCert != "" || cfg.tlsKey != "" {
+		if tlsCfg, err = client.TLSFromFiles(cfg.tlsCA, cfg.tlsCert, cfg.tlsKey); err != nil {
+			return nil, err
+		}
+	}
 	c, err := client.New(client.Options{
+		TLS: tlsCfg, Token: cfg.token,
 		Membership:       ms,
 		Namespace:        []byte(cfg.ns),
 		IOTimeout:        cfg.ioTimeout,

@@ -52,10 +52,15 @@ func runCluster(cmd string, argv []string, g clusterFlags, stdout, stderr io.Wri
 	fs.BoolVar(&g.json, "json", g.json, "machine-readable JSON output")
 	fs.BoolVar(&g.all, "all", g.all, "stat: every node of the ring plus an aggregate")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "deadline per MDS or node request")
+	sec.define(fs)
 	if err := fs.Parse(argv); err != nil {
 		return exitError
 	}
 	if err := cli.ApplyEnv(fs); err != nil {
+		fmt.Fprintln(stderr, "dfkvctl:", err)
+		return exitError
+	}
+	if err := sec.load(); err != nil {
 		fmt.Fprintln(stderr, "dfkvctl:", err)
 		return exitError
 	}
@@ -68,7 +73,7 @@ func runCluster(cmd string, argv []string, g clusterFlags, stdout, stderr io.Wri
 		fmt.Fprintln(stderr, "dfkvctl: --mds:", err)
 		return exitError
 	}
-	rpc, err := mdsclient.New(eps, mdsclient.Options{CallTimeout: g.timeout})
+	rpc, err := mdsclient.New(eps, mdsclient.Options{CallTimeout: g.timeout, TLS: sec.cfg, Token: sec.token})
 	if err != nil {
 		fmt.Fprintln(stderr, "dfkvctl:", err)
 		return exitError
@@ -293,7 +298,7 @@ func oneNodeStats(addr string, timeout time.Duration) (map[string]float64, error
 		return nil, err
 	}
 	c, err := client.New(client.Options{Membership: ms, IOTimeout: timeout, ConnectTimeout: timeout, Cooldown: time.Millisecond,
-		Logger: quietLogger()})
+		Logger: quietLogger(), TLS: sec.cfg, Token: sec.token})
 	if err != nil {
 		return nil, err
 	}

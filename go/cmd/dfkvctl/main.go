@@ -38,7 +38,8 @@ cluster views (through the MDS: --mds HOST:PORT[,...] [--group G] [--json]):
   clients             registered clients (cache consumers) of the group
   stats               ring totals (summed node counters) and the client count
   stat --all          every node's counters and the aggregate
-exit status: 0 ok/hit, 1 miss, 2 error. Flags read DFKV_<FLAG> too (DFKV_NODE, DFKV_NS, DFKV_MDS).
+security: --tls-ca FILE [--tls-cert FILE --tls-key FILE] (TLS 1.3, mTLS), --token T (tenant token)
+exit status: 0 ok/hit, 1 miss, 2 error. Flags read DFKV_<FLAG> too (DFKV_NODE, DFKV_NS, DFKV_MDS, DFKV_TOKEN).
 `)
 }
 
@@ -53,6 +54,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&cf.mds, "mds", "", "MDS replicas host:port[,...] (cluster views)")
 	fs.StringVar(&cf.group, "group", "default", "MDS group (cluster views)")
 	fs.BoolVar(&cf.json, "json", false, "JSON output (cluster views)")
+	sec.define(fs)
 	fs.Usage = func() { usage(stderr) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -73,6 +75,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		cf.timeout = min(*timeout, 5*time.Second)
 		return runCluster(rest[0], rest[1:], cf, stdout, stderr)
 	}
+	if err := sec.load(); err != nil {
+		fmt.Fprintln(stderr, "dfkvctl:", err)
+		return exitError
+	}
 	members, err := client.ParseMembers("node=" + *node)
 	if err != nil {
 		fmt.Fprintln(stderr, "dfkvctl:", err)
@@ -80,7 +86,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	ms, _ := client.NewStatic(members)
 	c, err := client.New(client.Options{Membership: ms, Namespace: []byte(*ns), Tenant: []byte(*tenant),
-		IOTimeout: *timeout, ConnectTimeout: *timeout, Cooldown: time.Millisecond})
+		IOTimeout: *timeout, ConnectTimeout: *timeout, Cooldown: time.Millisecond, TLS: sec.cfg, Token: sec.token})
 	if err != nil {
 		fmt.Fprintln(stderr, "dfkvctl:", err)
 		return exitError

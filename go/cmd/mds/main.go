@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,6 +32,7 @@ import (
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
 	"github.com/dfkv/dfkv/go/internal/mds"
 	"github.com/dfkv/dfkv/go/internal/metrics"
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/version"
 )
 
@@ -43,6 +45,8 @@ type options struct {
 	statusPoll                             time.Duration
 	metricsPort, maxConns, firstReqMS      int
 	showVersion                            bool
+	etcdCA, etcdCert, etcdKey              string
+	sec                                    cli.Security
 }
 
 func defaultEtcdDir() string {
@@ -73,6 +77,10 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.addrFile, "addr-file", "", "write the bound MDS address (host:port) to this file once listening")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.etcdCA, "etcd-cacert", "", "external etcd over TLS: PEM CA that verifies the etcd servers")
+	fs.StringVar(&o.etcdCert, "etcd-cert", "", "external etcd over TLS: client certificate (with --etcd-key)")
+	fs.StringVar(&o.etcdKey, "etcd-key", "", "private key of --etcd-cert")
+	o.sec.Define(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dfkv_mds [flags]\nEvery flag also reads DFKV_<FLAG> (e.g. --lease-ttl ↔ DFKV_LEASE_TTL).\n\n")
 		fs.PrintDefaults()
@@ -91,6 +99,15 @@ func parse(args []string) (*options, error) {
 	}
 	if o.etcdTimeout <= 0 || o.probeInterval <= 0 || o.statusPoll <= 0 {
 		return nil, errors.New("--etcd-timeout, --ready-probe-interval and --status-poll must be positive")
+	}
+	if err := o.sec.Validate(); err != nil {
+		return nil, err
+	}
+	if (o.etcdCert == "") != (o.etcdKey == "") {
+		return nil, errors.New("--etcd-cert and --etcd-key go together")
+	}
+	if (o.etcdCA != "" || o.etcdCert != "") && strings.HasPrefix(o.etcd, "embedded:") {
+		return nil, errors.New("--etcd-cacert/--etcd-cert are for an external etcd (--etcd HOST:PORT,...)")
 	}
 	return o, nil
 }
@@ -132,11 +149,25 @@ func serve(o *options, log *slog.Logger) error {
 			return errors.New("--etcd: no endpoints")
 		}
 	}
-	store, err := mds.NewEtcdStore(endpoints, o.etcdTimeout)
+	var etcdTLS *tls.Config
+	if files := (secure.TLSFiles{CA: o.etcdCA, Cert: o.etcdCert, Key: o.etcdKey}); files.ClientEnabled() {
+		t, err := secure.LoadClient(files, log)
+		if err != nil {
+			return fmt.Errorf("--etcd-cacert/--etcd-cert: %w", err)
+		}
+		etcdTLS = t.Config()
+	}
+	store, err := mds.NewEtcdStoreTLS(endpoints, o.etcdTimeout, etcdTLS)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
+	sec, err := o.sec.Load(log)
+	if err != nil {
+		return err
+	}
+	sec.Start(o.sec.ReloadEvery)
+	defer sec.Stop()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -156,7 +187,7 @@ func serve(o *options, log *slog.Logger) error {
 	defer stopRefresh()
 
 	srv, err := mds.NewServer(mds.ServerConfig{Service: svc, MaxConns: o.maxConns,
-		FirstRequestTimeout: time.Duration(o.firstReqMS) * time.Millisecond, Logger: log, Metrics: m})
+		FirstRequestTimeout: time.Duration(o.firstReqMS) * time.Millisecond, Logger: log, Metrics: m, Auth: sec.Tokens})
 	if err != nil {
 		return err
 	}
@@ -167,6 +198,12 @@ func serve(o *options, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", laddr)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
+	}
+	if cfg := sec.ServerTLS(); cfg != nil {
+		ln = tls.NewListener(ln, cfg) // handshake runs in the connection's goroutine, bounded
+	}
+	if host, _, err := net.SplitHostPort(ln.Addr().String()); err == nil {
+		sec.WarnIfOpen(log, host)
 	}
 	var httpSrv *metrics.HTTPServer
 	if o.metricsPort > 0 {
@@ -179,8 +216,9 @@ func serve(o *options, log *slog.Logger) error {
 			return err
 		}
 		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
-			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log, Ready: prober.Ready,
-			Handlers: map[string]http.Handler{"/status": status},
+			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log, Ready: prober.Ready, TLS: sec.ServerTLS(),
+			FirstRequestLimit: time.Duration(o.firstReqMS) * time.Millisecond,
+			Handlers:          map[string]http.Handler{"/status": status},
 		})
 		if err != nil {
 			ln.Close()

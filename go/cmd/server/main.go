@@ -22,6 +22,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
 	"github.com/dfkv/dfkv/go/internal/metrics"
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
@@ -42,6 +43,7 @@ type options struct {
 	showVersion                            bool
 	tier                                   tierOptions
 	mds                                    mdsFlags
+	sec                                    cli.Security
 }
 
 func defaultDataDir() string {
@@ -76,6 +78,7 @@ func parse(args []string) (*options, error) {
 	fs.IntVar(&o.accessLogSample, "access-log-sample", 1, "log 1 in N requests of each connection")
 	addTierFlags(fs, &o.tier)
 	o.mds.define(fs)
+	o.sec.Define(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dfkv_server [flags]\nEvery flag also reads DFKV_<FLAG> (e.g. --store-engine ↔ DFKV_STORE_ENGINE).\n\n")
 		fs.PrintDefaults()
@@ -94,6 +97,9 @@ func parse(args []string) (*options, error) {
 	}
 	if o.accessLogSample < 1 {
 		return nil, fmt.Errorf("--access-log-sample %d: want at least 1 (log 1 in N requests)", o.accessLogSample)
+	}
+	if err := o.sec.Validate(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -136,6 +142,14 @@ func serve(o *options, log *slog.Logger) error {
 		}
 	}
 
+	sec, err := o.sec.Load(log)
+	if err != nil {
+		closeEngine()
+		return err
+	}
+	sec.Start(o.sec.ReloadEvery)
+	defer sec.Stop()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_server_build_info", Help: "Build and configuration of this node."}, []string{"version", "engine"})
@@ -155,7 +169,7 @@ func serve(o *options, log *slog.Logger) error {
 		FirstRequestTimeout: time.Duration(o.firstReqMS) * time.Millisecond,
 		IOTimeout:           time.Duration(o.ioTimeoutMS) * time.Millisecond,
 		IdleTimeout:         time.Duration(o.idleMS) * time.Millisecond,
-		SoftwareVersion:     version.Version, Logger: log, Metrics: m, AccessLog: accessLog,
+		SoftwareVersion:     version.Version, Logger: log, Metrics: m, AccessLog: accessLog, Auth: sec.Tokens,
 	})
 	if err != nil {
 		closeEngine()
@@ -166,6 +180,10 @@ func serve(o *options, log *slog.Logger) error {
 		closeEngine()
 		return err
 	}
+	if cfg := sec.ServerTLS(); cfg != nil {
+		ln = secure.Listener(ln, cfg)
+	}
+	sec.WarnIfOpen(log, o.host)
 	var nodeReg nodeRegistration
 	ready := func() error {
 		if !engine.Stats().Healthy {
@@ -185,8 +203,9 @@ func serve(o *options, log *slog.Logger) error {
 	var httpSrv *metrics.HTTPServer
 	if o.metricsPort > 0 {
 		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
-			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log,
-			Ready: ready,
+			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log, TLS: sec.ServerTLS(),
+			FirstRequestLimit: time.Duration(o.firstReqMS) * time.Millisecond,
+			Ready:             ready,
 		})
 		if err != nil {
 			ln.Close()
@@ -203,7 +222,7 @@ func serve(o *options, log *slog.Logger) error {
 		}
 	}
 	log.Info("dfkv_server listening", "addr", addr, "engine", o.engine, "dirs", strings.Join(dirs, ","),
-		"cap", int64(o.capacity), "version", version.Version)
+		"cap", int64(o.capacity), "version", version.Version, "tls", sec.TLS != nil, "auth_tokens", sec.Tokens != nil)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

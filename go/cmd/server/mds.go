@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/mdsclient"
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/version"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/ring"
@@ -23,6 +25,8 @@ type mdsFlags struct {
 	fs                           *flag.FlagSet
 	endpoints, group, id, advert string
 	weight                       uint
+	tlsCA, tlsCert, tlsKey       string
+	tokenFile                    string
 }
 
 func (f *mdsFlags) define(fs *flag.FlagSet) {
@@ -32,6 +36,31 @@ func (f *mdsFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.id, "id", "", "node id in the ring (stable across restarts: it decides which keys this node owns)")
 	fs.StringVar(&f.advert, "advertise", "", "data address clients dial, HOST:PORT (PORT 0 = the bound port)")
 	fs.UintVar(&f.weight, "weight", 1, "ring weight (share of keys relative to other nodes)")
+	fs.StringVar(&f.tlsCA, "mds-tls-ca", "", "dial the MDS with TLS 1.3, verifying it against this PEM CA")
+	fs.StringVar(&f.tlsCert, "mds-tls-cert", "", "client certificate for an MDS that requires one (with --mds-tls-key)")
+	fs.StringVar(&f.tlsKey, "mds-tls-key", "", "private key of --mds-tls-cert")
+	fs.StringVar(&f.tokenFile, "mds-token-file", "", "file holding the admin token the MDS wants for registration (MDS run with --auth-tokens)")
+}
+
+// rpcOptions builds the MDS client's TLS and token settings from the flags.
+func (f *mdsFlags) rpcOptions() (mdsclient.Options, error) {
+	var o mdsclient.Options
+	files := secure.TLSFiles{CA: f.tlsCA, Cert: f.tlsCert, Key: f.tlsKey}
+	if files.ClientEnabled() {
+		t, err := secure.LoadClient(files, nil)
+		if err != nil {
+			return o, fmt.Errorf("--mds-tls-*: %w", err)
+		}
+		o.TLS = t.Config()
+	}
+	if f.tokenFile != "" {
+		b, err := os.ReadFile(f.tokenFile)
+		if err != nil {
+			return o, fmt.Errorf("--mds-token-file: %w", err)
+		}
+		o.Token = strings.TrimSpace(string(b))
+	}
+	return o, nil
 }
 
 // validate refuses an MDS configuration that cannot work, before anything starts.
@@ -55,7 +84,8 @@ func (f *mdsFlags) validate() error {
 	if f.weight < 1 || f.weight > ring.MaxWeight {
 		return fmt.Errorf("--weight %d: want 1..%d", f.weight, ring.MaxWeight)
 	}
-	return nil
+	_, err = f.rpcOptions()
+	return err
 }
 
 // flagValue returns another flag's value ("" when this build has no such flag), so the
@@ -89,6 +119,7 @@ func (r *nodeRegistration) start(f *mdsFlags, bound string, log *slog.Logger) er
 	}
 	cfg := []wire.KV{{Key: "engine", Value: f.flagValue("store-engine")}, {Key: "capacity", Value: f.flagValue("cap")},
 		{Key: "transport", Value: "tcp"}, {Key: "max_msg", Value: f.flagValue("max-msg")},
+		{Key: "tls", Value: onOff(f.flagValue("tls-cert") != "")}, {Key: "auth_tokens", Value: onOff(f.flagValue("auth-tokens") != "")},
 		{Key: "disks", Value: strconv.Itoa(len(strings.Split(f.flagValue("dir"), ",")))}}
 	// The MDS's /status page scrapes this address for the node's capacity and hit rate.
 	if mp := f.flagValue("metrics-port"); mp != "" && mp != "0" {
@@ -102,7 +133,11 @@ func (r *nodeRegistration) start(f *mdsFlags, bound string, log *slog.Logger) er
 		cfg = append(cfg, wire.KV{Key: "ram_tier", Value: "off"})
 	}
 	member := &wire.Member{ID: f.id, Addr: addr, Weight: uint32(f.weight), Eligible: true, Version: version.Version, Config: cfg}
-	rpc, err := mdsclient.New(eps, mdsclient.Options{})
+	ropts, err := f.rpcOptions()
+	if err != nil {
+		return err
+	}
+	rpc, err := mdsclient.New(eps, ropts)
 	if err != nil {
 		return err
 	}
@@ -141,4 +176,11 @@ func (r *nodeRegistration) stop(log *slog.Logger) {
 	} else {
 		log.Info("deregistered from mds")
 	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }

@@ -1,6 +1,7 @@
 package cabi
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -136,6 +137,10 @@ func open(o *Options) (*Handle, error) {
 		BatchConcurrency: int(o.BatchConcurrency),
 	}
 	if err := applyTimeoutEnv(&copts); err != nil {
+		ms.Close()
+		return nil, err
+	}
+	if copts.TLS, copts.Token, err = securityEnv(); err != nil {
 		ms.Close()
 		return nil, err
 	}
@@ -367,4 +372,21 @@ func applyTimeoutEnv(o *client.Options) error {
 		*t.dst = time.Duration(ms) * time.Millisecond
 	}
 	return nil
+}
+
+// securityEnv reads the client's TLS files and tenant token from the environment (the
+// options struct is frozen): DFKV_TLS_CA (verify nodes and the MDS; setting any DFKV_TLS_*
+// turns TLS on), DFKV_TLS_CERT and DFKV_TLS_KEY (client certificate for mTLS), DFKV_TOKEN
+// (sent in HELLO and with MDS calls). A file that cannot be loaded refuses the open.
+func securityEnv() (*tls.Config, string, error) {
+	tok := os.Getenv("DFKV_TOKEN")
+	ca, cert, key := os.Getenv("DFKV_TLS_CA"), os.Getenv("DFKV_TLS_CERT"), os.Getenv("DFKV_TLS_KEY")
+	if ca == "" && cert == "" && key == "" {
+		return nil, tok, nil
+	}
+	cfg, err := client.TLSFromFiles(ca, cert, key)
+	if err != nil {
+		return nil, "", fmt.Errorf("DFKV_TLS_CA/DFKV_TLS_CERT/DFKV_TLS_KEY: %w", err)
+	}
+	return cfg, tok, nil
 }

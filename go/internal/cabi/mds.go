@@ -73,7 +73,12 @@ func OpenMDS(o *Options) (client.Membership, error) {
 	if err != nil {
 		return nil, err
 	}
+	tlsCfg, token, err := securityEnv()
+	if err != nil {
+		return nil, err
+	}
 	return client.NewMDSMembership(client.MDSOptions{
+		TLS: tlsCfg, Token: token,
 		Endpoints: eps, Group: o.MDSGroup,
 		Poll:        time.Duration(o.MDSPollMS) * time.Millisecond,
 		ShrinkPolls: shrink, CallTimeout: time.Duration(timeoutMS) * time.Millisecond,

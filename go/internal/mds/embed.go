@@ -15,7 +15,13 @@ type EmbeddedConfig struct {
 	PeerAddr   string // host:port for the etcd peer listener (default 127.0.0.1:2380)
 	Name       string // member name (default "dfkv-mds")
 	StartWait  time.Duration
+	// ClientTLS serves the client listener over TLS (https) with these PEM files; with CA
+	// set, etcd requires client certificates signed by it. Used to test --etcd-cacert & co.
+	ClientTLS *EmbeddedTLS
 }
+
+// EmbeddedTLS names the PEM files of an embedded etcd's TLS client listener.
+type EmbeddedTLS struct{ Cert, Key, CA string }
 
 // Embedded is a running in-process etcd.
 type Embedded struct {
@@ -37,7 +43,11 @@ func StartEmbedded(c EmbeddedConfig) (*Embedded, error) {
 	if c.StartWait <= 0 {
 		c.StartWait = 60 * time.Second
 	}
-	cu, err := url.Parse("http://" + c.ClientAddr)
+	scheme := "http://"
+	if c.ClientTLS != nil {
+		scheme = "https://"
+	}
+	cu, err := url.Parse(scheme + c.ClientAddr)
 	if err != nil {
 		return nil, fmt.Errorf("mds: embedded etcd client address %q: %w", c.ClientAddr, err)
 	}
@@ -51,6 +61,10 @@ func StartEmbedded(c EmbeddedConfig) (*Embedded, error) {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if t := c.ClientTLS; t != nil {
+		cfg.ClientTLSInfo.CertFile, cfg.ClientTLSInfo.KeyFile = t.Cert, t.Key
+		cfg.ClientTLSInfo.TrustedCAFile, cfg.ClientTLSInfo.ClientCertAuth = t.CA, t.CA != ""
+	}
 	// Shutdown and transient errors are reported through Err() and our own logs; etcd's
 	// zap output would only duplicate them.
 	cfg.LogLevel = "fatal"

@@ -3,6 +3,7 @@ package mds
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -23,6 +24,12 @@ const healthKey = "/dfkv/v1/health"
 // NewEtcdStore connects to endpoints (host:port or URLs). It does not wait for etcd to be
 // reachable: calls fail with ErrBackend until it is.
 func NewEtcdStore(endpoints []string, dialTimeout time.Duration) (*EtcdStore, error) {
+	return NewEtcdStoreTLS(endpoints, dialTimeout, nil)
+}
+
+// NewEtcdStoreTLS is NewEtcdStore over TLS (tlsCfg nil = plaintext): an external etcd run
+// with --client-cert-auth and https client URLs.
+func NewEtcdStoreTLS(endpoints []string, dialTimeout time.Duration, tlsCfg *tls.Config) (*EtcdStore, error) {
 	if len(endpoints) == 0 {
 		return nil, errors.New("mds: no etcd endpoints")
 	}
@@ -33,6 +40,7 @@ func NewEtcdStore(endpoints []string, dialTimeout time.Duration) (*EtcdStore, er
 		DialKeepAliveTimeout: 2 * time.Second,
 		Logger:               zap.NewNop(),
 		AutoSyncInterval:     0,
+		TLS:                  tlsCfg,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mds: etcd client: %w", err)

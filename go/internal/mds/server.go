@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
@@ -25,6 +26,9 @@ type ServerConfig struct {
 	IOTimeout           time.Duration // per frame body and reply, default 10s
 	Logger              *slog.Logger
 	Metrics             *Metrics
+	// Auth, when set, requires a token in every request: member registration and the
+	// client list need admin, the other calls any known token.
+	Auth *secure.Tokens
 }
 
 // Server serves MDS frames over TCP: one request at a time per connection, with a
@@ -145,6 +149,10 @@ func (s *Server) serveConn(nc net.Conn) {
 			s.cfg.Logger.Error("mds connection panic", "remote", nc.RemoteAddr().String(), "panic", r)
 		}
 	}()
+	if err := secure.Handshake(nc, time.Now().Add(s.cfg.FirstRequestTimeout)); err != nil {
+		s.cfg.Metrics.connRejected("tls_handshake")
+		return
+	}
 	var hdr [wire.RequestSize]byte
 	wait := s.cfg.FirstRequestTimeout
 	for {
@@ -185,12 +193,28 @@ func (s *Server) serveConn(nc net.Conn) {
 		if err != nil {
 			s.cfg.Metrics.frameInvalid("table")
 			resp = &wire.MdsResponse{Status: fb.StatusInvalid, Error: err.Error()}
+		} else if !s.permitted(&mreq) {
+			resp = &wire.MdsResponse{Status: fb.StatusForbidden, Error: "forbidden: the request's token does not grant " + fb.EnumNamesMdsOp[mreq.Op]}
 		} else {
 			resp = s.cfg.Service.Handle(s.ctx, &mreq)
 		}
 		if !s.reply(nc, fb.StatusOk, wire.EncodeMdsResponse(resp)) {
 			return
 		}
+	}
+}
+
+// permitted checks the request's token when tokens are on.
+func (s *Server) permitted(r *wire.MdsRequest) bool {
+	if s.cfg.Auth == nil {
+		return true
+	}
+	g := s.cfg.Auth.Lookup([]byte(r.Token))
+	switch r.Op {
+	case fb.MdsOpRegisterMember, fb.MdsOpHeartbeatMember, fb.MdsOpDeregisterMember, fb.MdsOpListClients:
+		return g.Allows(0, secure.RightAdmin)
+	default:
+		return g != nil
 	}
 }
 

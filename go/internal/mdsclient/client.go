@@ -2,6 +2,7 @@ package mdsclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
@@ -24,6 +26,8 @@ var (
 	ErrBackend = errors.New("mds: etcd unavailable")
 	// ErrUnavailable: no MDS replica could be reached.
 	ErrUnavailable = errors.New("mds: no replica reachable")
+	// ErrForbidden: the MDS runs with tokens and Options.Token does not grant the call.
+	ErrForbidden = errors.New("mds: forbidden")
 	// ErrNoEndpoints: the endpoint list is empty.
 	ErrNoEndpoints = errors.New("mds: no endpoints")
 )
@@ -32,6 +36,8 @@ var (
 type Options struct {
 	CallTimeout time.Duration // per attempt on one replica: dial + request + reply (default 2s)
 	MaxResponse uint64        // largest reply payload accepted (default wire.MaxMdsResponse)
+	TLS         *tls.Config   // dial replicas with TLS 1.3, checking the endpoint's host (nil = plaintext)
+	Token       string        // tenant token sent with every call (MDS run with --auth-tokens)
 }
 
 // Client calls MDS replicas. It keeps one connection to the replica that answered last and
@@ -103,6 +109,11 @@ func (c *Client) Close() error {
 // etcd is down) and transport failures move on to the next replica. The endpoint that
 // produced the final answer is returned for logging.
 func (c *Client) Call(ctx context.Context, req *wire.MdsRequest) (*wire.MdsResponse, string, error) {
+	if c.opts.Token != "" {
+		withToken := *req
+		withToken.Token = c.opts.Token
+		req = &withToken
+	}
 	payload := wire.EncodeMdsRequest(req)
 	if uint64(len(payload)) > wire.DefaultLimits().MaxControl {
 		return nil, "", fmt.Errorf("%w: request of %d bytes exceeds the control limit", ErrRejected, len(payload))
@@ -125,6 +136,8 @@ func (c *Client) Call(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRespo
 				return resp, ep, fmt.Errorf("%s: %w: %s", ep, ErrNotRegistered, resp.Error)
 			case fb.StatusInvalid:
 				return resp, ep, fmt.Errorf("%s: %w: %s", ep, ErrRejected, resp.Error)
+			case fb.StatusForbidden:
+				return resp, ep, fmt.Errorf("%s: %w: %s", ep, ErrForbidden, resp.Error)
 			default:
 				err = fmt.Errorf("%w: %s", ErrBackend, resp.Error)
 			}
@@ -159,6 +172,14 @@ func (c *Client) attempt(ctx context.Context, ep string, payload []byte) (*wire.
 			d := net.Dialer{Timeout: c.opts.CallTimeout}
 			dctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
 			nc, err := d.DialContext(dctx, "tcp", ep)
+			if err == nil && c.opts.TLS != nil {
+				var tc net.Conn
+				if tc, err = secure.ClientHandshake(dctx, nc, ep, c.opts.TLS); err != nil {
+					nc.Close()
+				} else {
+					nc = tc
+				}
+			}
 			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("dial: %w", err)

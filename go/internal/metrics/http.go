@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,12 +27,14 @@ type HTTPConfig struct {
 	FirstRequestLimit time.Duration // a connection must send its request within this (default 30s)
 	Logger            *slog.Logger
 	Handlers          map[string]http.Handler // more pages on the same listener (e.g. the MDS's /status)
+	TLS               *tls.Config             // serve HTTPS (the same certificates as the data port); nil = HTTP
 }
 
 // HTTPServer is a running observability endpoint.
 type HTTPServer struct {
 	srv  *http.Server
 	ln   net.Listener
+	tls  *tls.Config
 	done chan struct{}
 }
 
@@ -77,11 +80,17 @@ func StartHTTP(cfg HTTPConfig) (*HTTPServer, error) {
 			MaxHeaderBytes:    16 << 10,
 		},
 		ln:   &limitListener{Listener: ln, sem: make(chan struct{}, cfg.MaxConns)},
+		tls:  cfg.TLS,
 		done: make(chan struct{}),
 	}
 	go func() {
 		defer close(h.done)
-		if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		ln := h.ln
+		if h.tls != nil {
+			// net/http runs the handshake under ReadTimeout, so a stalled one is dropped.
+			ln = tls.NewListener(ln, h.tls)
+		}
+		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			cfg.Logger.Error("metrics listener stopped", "err", err)
 		}
 	}()

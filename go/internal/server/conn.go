@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
@@ -54,10 +55,15 @@ type conn struct {
 	keyHex    [32]byte
 	tsSec     int64
 	tsPrefix  []byte
+	sess      *secure.Session // nil: auth off
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
-	return &conn{s: s, nc: nc, br: bufio.NewReaderSize(nc, readBufSize), out: make([]byte, 0, outFlushAt+wire.ResponseSize+inlinePayload), first: true}
+	c := &conn{s: s, nc: nc, br: bufio.NewReaderSize(nc, readBufSize), out: make([]byte, 0, outFlushAt+wire.ResponseSize+inlinePayload), first: true}
+	if s.cfg.Auth != nil {
+		c.sess = s.cfg.Auth.NewSession()
+	}
+	return c
 }
 
 // interruptIfIdle wakes a connection blocked waiting for its next request so that it can
@@ -72,6 +78,13 @@ func (c *conn) serve() {
 	defer c.nc.Close()
 	defer c.logPending()
 	log := c.s.log
+	// A TLS connection completes its handshake within the first-request deadline; a peer
+	// speaking plaintext or garbage is dropped here without touching other connections.
+	if err := secure.Handshake(c.nc, time.Now().Add(c.s.cfg.FirstRequestTimeout)); err != nil {
+		c.s.m.ConnsRejected.WithLabelValues("tls_handshake").Inc()
+		log.Debug("tls handshake failed", "remote", c.nc.RemoteAddr(), "err", err)
+		return
+	}
 	for {
 		if c.s.draining.Load() {
 			_ = c.flush()
@@ -137,6 +150,18 @@ func (c *conn) serve() {
 			continue
 		}
 		c.acc = accessRecord{}
+		if c.sess != nil && !c.permitted(&req) {
+			// Skip the payload so the stream stays in sync; the connection stays usable.
+			c.s.m.request(req.Op, fb.StatusForbidden)
+			if err := c.discard(req.PayloadLen); err != nil {
+				return
+			}
+			c.replyStatus(req.Op, fb.StatusForbidden, 0)
+			if c.s.cfg.AccessLog != nil {
+				c.noteAccess(&req, time.Since(start), nil) // refused requests are audited too
+			}
+			continue
+		}
 		if err := c.dispatch(&req); err != nil {
 			log.Debug("closing connection", "remote", c.nc.RemoteAddr(), "op", opName(req.Op), "err", err)
 			_ = c.flush()
@@ -162,6 +187,25 @@ func reasonOf(err error) string {
 	default:
 		return "malformed"
 	}
+}
+
+// permitted reports whether the connection's token grants r. PING and HELLO need none
+// (HELLO is how the token arrives); ops not listed need admin (fail closed).
+func (c *conn) permitted(r *wire.Request) bool {
+	var need secure.Right
+	switch r.Op {
+	case fb.OpPing, fb.OpHello:
+		return true
+	case fb.OpGet, fb.OpExist, fb.OpSgGet, fb.OpBatchGet, fb.OpBatchExist:
+		need = secure.RightRead
+	case fb.OpPut, fb.OpSgPut, fb.OpBatchPut:
+		need = secure.RightWrite
+	case fb.OpRemove, fb.OpBatchRemove:
+		need = secure.RightRemove
+	default:
+		need = secure.RightAdmin
+	}
+	return c.sess.Grant().Allows(r.Tenant, need)
 }
 
 // dispatch executes one request. A returned error closes the connection.
@@ -464,6 +508,15 @@ func (c *conn) hello(r *wire.Request) error {
 			c.replyStatus(r.Op, fb.StatusInvalid, 0)
 			return errConn{err}
 		}
+		if c.sess != nil {
+			c.sess.SetToken(peer.Token)
+		}
+	}
+	if c.sess != nil && c.sess.Grant() == nil {
+		// No token or an unknown one: say so at connect time rather than on every op.
+		c.s.m.request(r.Op, fb.StatusForbidden)
+		c.replyStatus(r.Op, fb.StatusForbidden, 0)
+		return errConn{errors.New("hello without a valid token")}
 	}
 	c.s.m.request(r.Op, fb.StatusOk)
 	body := wire.EncodeHello(local)

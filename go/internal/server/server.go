@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport"
 	"github.com/dfkv/dfkv/go/internal/wire"
@@ -30,6 +31,9 @@ type Config struct {
 	Logger              *slog.Logger
 	Metrics             *Metrics   // nil = a private registry
 	AccessLog           *AccessLog // nil = no access log
+	// Auth, when set, makes every op but PING and HELLO need a token (sent in HELLO) that
+	// grants it on the request's tenant; others are answered Forbidden.
+	Auth *secure.Tokens
 }
 
 func (c *Config) setDefaults() {

@@ -18,6 +18,9 @@ type Hello struct {
 	MaxDepth           uint32
 	SoftwareVersion    string
 	Transport          string
+	// Token is the client's tenant token (servers with --auth-tokens check it). Sent only
+	// client -> server, never echoed; do not log it.
+	Token string
 }
 
 // EncodeHello builds the Hello table.
@@ -25,6 +28,10 @@ func EncodeHello(h Hello) []byte {
 	b := flatbuffers.NewBuilder(128)
 	sv := b.CreateString(h.SoftwareVersion)
 	tr := b.CreateString(h.Transport)
+	var tok flatbuffers.UOffsetT
+	if h.Token != "" {
+		tok = b.CreateString(h.Token)
+	}
 	fb.HelloStart(b)
 	fb.HelloAddProtocolVersion(b, h.ProtocolVersion)
 	fb.HelloAddMinProtocolVersion(b, h.MinProtocolVersion)
@@ -33,6 +40,9 @@ func EncodeHello(h Hello) []byte {
 	fb.HelloAddMaxDepth(b, h.MaxDepth)
 	fb.HelloAddSoftwareVersion(b, sv)
 	fb.HelloAddTransport(b, tr)
+	if tok != 0 {
+		fb.HelloAddToken(b, tok)
+	}
 	b.Finish(fb.HelloEnd(b))
 	return b.FinishedBytes()
 }
@@ -45,10 +55,14 @@ func DecodeHello(buf []byte) (h Hello, err error) {
 			ProtocolVersion: t.ProtocolVersion(), MinProtocolVersion: t.MinProtocolVersion(),
 			MaxValueBytes: t.MaxValueBytes(), MaxBatchItems: t.MaxBatchItems(), MaxDepth: t.MaxDepth(),
 			SoftwareVersion: string(t.SoftwareVersion()), Transport: string(t.Transport()),
+			Token: string(t.Token()),
 		}
 	})
 	if err != nil {
 		return Hello{}, fmt.Errorf("wire: hello: %w", err)
+	}
+	if len(h.Token) > MaxTokenLen {
+		return Hello{}, fmt.Errorf("wire: hello: %w: %d-byte token > %d", ErrLimit, len(h.Token), MaxTokenLen)
 	}
 	if h.MinProtocolVersion > h.ProtocolVersion {
 		return Hello{}, fmt.Errorf("wire: hello: %w: min version %d > version %d", ErrMalformed, h.MinProtocolVersion, h.ProtocolVersion)

@@ -118,3 +118,25 @@ func FuzzDecodeMds(f *testing.F) {
 		_, _ = DecodeClientInfo(data)
 	})
 }
+
+// FuzzDecodeHello covers every Hello field, the tenant token included: a decoded Hello
+// re-encodes to the same value, and a token never comes back longer than MaxTokenLen.
+func FuzzDecodeHello(f *testing.F) {
+	f.Add(EncodeHello(Hello{ProtocolVersion: 1, MinProtocolVersion: 1, SoftwareVersion: "v", Transport: "tcp"}))
+	f.Add(EncodeHello(Hello{ProtocolVersion: 1, MinProtocolVersion: 1, MaxValueBytes: 1 << 26, Transport: "tcp", Token: "tok-a"}))
+	f.Add(EncodeHello(Hello{ProtocolVersion: 1, MinProtocolVersion: 1, Token: string(make([]byte, 300))}))
+	f.Add([]byte{8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := DecodeHello(data)
+		if err != nil {
+			return
+		}
+		if len(h.Token) > MaxTokenLen {
+			t.Fatalf("accepted a %d-byte token", len(h.Token))
+		}
+		h2, err := DecodeHello(EncodeHello(h))
+		if err != nil || h2 != h {
+			t.Fatalf("re-encode mismatch: %+v vs %+v (%v)", h, h2, err)
+		}
+	})
+}

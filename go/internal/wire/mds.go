@@ -74,6 +74,7 @@ type MdsRequest struct {
 	Member            *Member
 	Client            *ClientInfo
 	KnownMembersEpoch uint64
+	Token             string // tenant token; checked by an MDS run with --auth-tokens
 }
 
 // MdsResponse is the MDS's answer.
@@ -165,7 +166,10 @@ func buildTopology(b *flatbuffers.Builder, t *Topology) flatbuffers.UOffsetT {
 func EncodeMdsRequest(r *MdsRequest) []byte {
 	b := flatbuffers.NewBuilder(256)
 	g := b.CreateString(r.Group)
-	var m, c flatbuffers.UOffsetT
+	var m, c, tok flatbuffers.UOffsetT
+	if r.Token != "" {
+		tok = b.CreateString(r.Token)
+	}
 	if r.Member != nil {
 		m = buildMember(b, r.Member)
 	}
@@ -175,6 +179,9 @@ func EncodeMdsRequest(r *MdsRequest) []byte {
 	fb.MdsRequestStart(b)
 	fb.MdsRequestAddOp(b, r.Op)
 	fb.MdsRequestAddGroup(b, g)
+	if tok != 0 {
+		fb.MdsRequestAddToken(b, tok)
+	}
 	if r.Member != nil {
 		fb.MdsRequestAddMember(b, m)
 	}
@@ -329,7 +336,8 @@ func safeMds(what string, buf []byte, decode func()) error {
 func DecodeMdsRequest(buf []byte) (r MdsRequest, err error) {
 	err = safeMds("mds request", buf, func() {
 		t := fb.GetRootAsMdsRequest(buf, 0)
-		r = MdsRequest{Op: t.Op(), Group: str("group", t.Group(), MaxMdsIDLen), KnownMembersEpoch: t.KnownMembersEpoch()}
+		r = MdsRequest{Op: t.Op(), Group: str("group", t.Group(), MaxMdsIDLen), KnownMembersEpoch: t.KnownMembersEpoch(),
+			Token: str("token", t.Token(), MaxTokenLen)}
 		var m fb.Member
 		if t.Member(&m) != nil {
 			mm := readMember(&m, len(buf))
@@ -375,7 +383,7 @@ func DecodeMdsResponse(buf []byte) (r MdsResponse, err error) {
 	if err != nil {
 		return MdsResponse{}, err
 	}
-	if r.Status > fb.StatusBufferTooSmall {
+	if r.Status > MaxStatus {
 		return MdsResponse{}, fmt.Errorf("wire: mds response: %w: status %d", ErrMalformed, r.Status)
 	}
 	return r, nil

@@ -107,3 +107,15 @@ func TestCheckMds(t *testing.T) {
 		}
 	}
 }
+
+func TestMdsRequestToken(t *testing.T) {
+	in := MdsRequest{Op: fb.MdsOpListTopology, Group: "g", Token: "admin-token"}
+	got, err := DecodeMdsRequest(EncodeMdsRequest(&in))
+	if err != nil || got.Token != in.Token || got.Group != "g" {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	in.Token = string(make([]byte, MaxTokenLen+1))
+	if _, err := DecodeMdsRequest(EncodeMdsRequest(&in)); !errors.Is(err, ErrLimit) {
+		t.Fatalf("oversized token: %v", err)
+	}
+}

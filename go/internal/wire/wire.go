@@ -25,6 +25,12 @@ const (
 	SgSegSize       = 8
 )
 
+// MaxStatus is the highest status this build knows; a larger one is ErrMalformed.
+const MaxStatus = fb.StatusForbidden
+
+// MaxTokenLen bounds the tenant token carried in Hello and MdsRequest.
+const MaxTokenLen = 4096
+
 // Request flags (RequestHeader.flags and BatchItem.flags) for Get-like ops.
 const (
 	// FlagExact: the stored length must equal Length; otherwise the reply is Invalid with
@@ -156,7 +162,7 @@ func DecodeResponse(b []byte) (Response, error) {
 	if v := h.Version(); v != ProtocolVersion {
 		return r, fmt.Errorf("%w: %d", ErrVersion, v)
 	}
-	if r.Status > fb.StatusBufferTooSmall {
+	if r.Status > MaxStatus {
 		return r, fmt.Errorf("%w: status %d", ErrMalformed, r.Status)
 	}
 	return r, nil
@@ -227,7 +233,7 @@ func DecodeBatchResult(b []byte) (BatchResult, error) {
 	var h fb.BatchResult
 	h.Init(b, 0)
 	r := BatchResult{Status: Status(h.Status()), ValueLen: h.ValueLen(), PayloadLen: h.PayloadLen()}
-	if r.Status > fb.StatusBufferTooSmall {
+	if r.Status > MaxStatus {
 		return r, fmt.Errorf("%w: status %d", ErrMalformed, r.Status)
 	}
 	return r, nil

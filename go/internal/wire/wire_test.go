@@ -200,3 +200,36 @@ func TestSgSegs(t *testing.T) {
 		t.Errorf("short: %v", err)
 	}
 }
+
+func TestHelloToken(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		token string
+		ok    bool
+	}{{"none", "", true}, {"short", "tok", true}, {"binary", "a\x00b\xff", true},
+		{"max", string(make([]byte, MaxTokenLen)), true}, {"too long", string(make([]byte, MaxTokenLen+1)), false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := Hello{ProtocolVersion: 1, MinProtocolVersion: 1, Transport: "tcp", Token: tc.token}
+			got, err := DecodeHello(EncodeHello(in))
+			if (err == nil) != tc.ok {
+				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
+			}
+			if tc.ok && got != in {
+				t.Fatalf("got %+v, want %+v", got, in)
+			}
+		})
+	}
+}
+
+func TestForbiddenStatusDecodes(t *testing.T) {
+	var b [ResponseSize]byte
+	(&Response{Op: fb.OpGet, Status: fb.StatusForbidden}).Encode(b[:])
+	r, err := DecodeResponse(b[:])
+	if err != nil || r.Status != fb.StatusForbidden {
+		t.Fatalf("forbidden reply: %+v %v", r, err)
+	}
+	b[5] = byte(MaxStatus) + 1
+	if _, err := DecodeResponse(b[:]); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("status beyond MaxStatus: %v", err)
+	}
+}

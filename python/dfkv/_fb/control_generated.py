@@ -85,8 +85,15 @@ class Hello(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # Hello
+    def Token(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def HelloStart(builder):
-    builder.StartObject(7)
+    builder.StartObject(8)
 
 def HelloAddProtocolVersion(builder, protocolVersion):
     builder.PrependUint32Slot(0, protocolVersion, 0)
@@ -108,6 +115,9 @@ def HelloAddSoftwareVersion(builder, softwareVersion):
 
 def HelloAddTransport(builder, transport):
     builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(transport), 0)
+
+def HelloAddToken(builder, token):
+    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(token), 0)
 
 def HelloEnd(builder):
     return builder.EndObject()
@@ -275,8 +285,15 @@ class MdsRequest(object):
             return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
         return 0
 
+    # MdsRequest
+    def Token(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def MdsRequestStart(builder):
-    builder.StartObject(5)
+    builder.StartObject(6)
 
 def MdsRequestAddOp(builder, op):
     builder.PrependUint8Slot(0, op, 0)
@@ -292,6 +309,9 @@ def MdsRequestAddClient(builder, client):
 
 def MdsRequestAddKnownMembersEpoch(builder, knownMembersEpoch):
     builder.PrependUint64Slot(4, knownMembersEpoch, 0)
+
+def MdsRequestAddToken(builder, token):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(token), 0)
 
 def MdsRequestEnd(builder):
     return builder.EndObject()

@@ -35,6 +35,7 @@ class Status(object):
     Unavailable = 7
     NoCompatibleRail = 8
     BufferTooSmall = 9
+    Forbidden = 10
 
 
 class RequestHeader(object):

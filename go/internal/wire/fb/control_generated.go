@@ -164,8 +164,16 @@ func (rcv *Hello) Transport() []byte {
 	return nil
 }
 
+func (rcv *Hello) Token() []byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		return rcv._tab.ByteVector(o + rcv._tab.Pos)
+	}
+	return nil
+}
+
 func HelloStart(builder *flatbuffers.Builder) {
-	builder.StartObject(7)
+	builder.StartObject(8)
 }
 func HelloAddProtocolVersion(builder *flatbuffers.Builder, protocolVersion uint32) {
 	builder.PrependUint32Slot(0, protocolVersion, 0)
@@ -187,6 +195,9 @@ func HelloAddSoftwareVersion(builder *flatbuffers.Builder, softwareVersion flatb
 }
 func HelloAddTransport(builder *flatbuffers.Builder, transport flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(6, flatbuffers.UOffsetT(transport), 0)
+}
+func HelloAddToken(builder *flatbuffers.Builder, token flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(7, flatbuffers.UOffsetT(token), 0)
 }
 func HelloEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()
@@ -462,8 +473,16 @@ func (rcv *MdsRequest) MutateKnownMembersEpoch(n uint64) bool {
 	return rcv._tab.MutateUint64Slot(12, n)
 }
 
+func (rcv *MdsRequest) Token() []byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(14))
+	if o != 0 {
+		return rcv._tab.ByteVector(o + rcv._tab.Pos)
+	}
+	return nil
+}
+
 func MdsRequestStart(builder *flatbuffers.Builder) {
-	builder.StartObject(5)
+	builder.StartObject(6)
 }
 func MdsRequestAddOp(builder *flatbuffers.Builder, op MdsOp) {
 	builder.PrependByteSlot(0, byte(op), 0)
@@ -479,6 +498,9 @@ func MdsRequestAddClient(builder *flatbuffers.Builder, client flatbuffers.UOffse
 }
 func MdsRequestAddKnownMembersEpoch(builder *flatbuffers.Builder, knownMembersEpoch uint64) {
 	builder.PrependUint64Slot(4, knownMembersEpoch, 0)
+}
+func MdsRequestAddToken(builder *flatbuffers.Builder, token flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(5, flatbuffers.UOffsetT(token), 0)
 }
 func MdsRequestEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

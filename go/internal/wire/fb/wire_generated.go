@@ -83,6 +83,7 @@ const (
 	StatusUnavailable      Status = 7
 	StatusNoCompatibleRail Status = 8
 	StatusBufferTooSmall   Status = 9
+	StatusForbidden        Status = 10
 )
 
 var EnumNamesStatus = map[Status]string{
@@ -96,6 +97,7 @@ var EnumNamesStatus = map[Status]string{
 	StatusUnavailable:      "Unavailable",
 	StatusNoCompatibleRail: "NoCompatibleRail",
 	StatusBufferTooSmall:   "BufferTooSmall",
+	StatusForbidden:        "Forbidden",
 }
 
 var EnumValuesStatus = map[string]Status{
@@ -109,6 +111,7 @@ var EnumValuesStatus = map[string]Status{
 	"Unavailable":      StatusUnavailable,
 	"NoCompatibleRail": StatusNoCompatibleRail,
 	"BufferTooSmall":   StatusBufferTooSmall,
+	"Forbidden":        StatusForbidden,
 }
 
 func (v Status) String() string {
