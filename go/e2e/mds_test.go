@@ -303,7 +303,8 @@ func TestMDSEmbeddedEtcd(t *testing.T) {
 func TestMDSExternalEtcd(t *testing.T) {
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
-		t.Skip("external etcd not installed (tools/test.sh installs Debian's etcd-server: apt-get install -y etcd-server)")
+		// Not a skip: a missing etcd would silently drop the external-etcd check from CI.
+		t.Fatalf("external etcd not on PATH (tools/test.sh installs Debian's etcd-server: apt-get install -y etcd-server): %v", err)
 	}
 	e := startEtcd(t, bin)
 	a := startMDS(t, "mds-a", []string{"--etcd", e.client})
