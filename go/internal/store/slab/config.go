@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+
+	"github.com/dfkv/dfkv/go/internal/vfs"
 )
 
 // Defaults applied by Config.withDefaults.
@@ -42,6 +44,9 @@ type Config struct {
 	ColdStartAfterCrash bool
 	// Logger receives lifecycle and error messages; nil means slog.Default().
 	Logger *slog.Logger
+	// FS is the file system under the engine; nil means vfs.Default. Tests put a
+	// vfs.Injector here to fail reads, writes and syncs.
+	FS vfs.FS
 }
 
 func (c Config) withDefaults() Config {
@@ -56,6 +61,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BufferPoolBytes == 0 {
 		c.BufferPoolBytes = DefaultBufferPoolBytes
+	}
+	if c.FS == nil {
+		c.FS = vfs.Default
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -117,4 +125,4 @@ func SizeClasses(maxValue int64) []int64 {
 	return classes
 }
 
-func alignUp(n int64) int64 { return (n + blockSize - 1) &^ (blockSize - 1) }
+func alignUp(n int64) int64 { return vfs.AlignUp(n) }
