@@ -4,6 +4,7 @@
 // errorfs) between the engine and the disk and check that each fault fails closed.
 //
 // Default is the operating system's file system (Linux: O_DIRECT opens, fallocate, hole
-// punching, flock). It also is the one home of the helpers both engines need: SyncDir,
-// Lock and AlignUp.
+// punching, flock). It also is the one home of the directory sync and lock helpers both
+// engines need (SyncDir, Lock); the O_DIRECT alignment lives with the engine contract
+// (store.BlockSize, store.AlignUp).
 package vfs

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/dfkv/dfkv/go/internal/store"
 )
 
 // Op is a class of file-system operations a Fault applies to (a bit set).
@@ -241,7 +243,7 @@ func (f *injFile) ReadAt(p []byte, off int64) (int, error) {
 func (f *injFile) partial(n int) int {
 	h := n / 2
 	if f.direct {
-		h &^= BlockSize - 1
+		h &^= store.BlockSize - 1
 	}
 	return h
 }

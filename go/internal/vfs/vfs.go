@@ -57,9 +57,3 @@ type FileStat struct {
 	Size           int64
 	AllocatedBytes int64
 }
-
-// BlockSize is the alignment O_DIRECT I/O needs for buffers, offsets and lengths.
-const BlockSize = 4096
-
-// AlignUp rounds n up to a multiple of BlockSize.
-func AlignUp(n int64) int64 { return (n + BlockSize - 1) &^ (BlockSize - 1) }

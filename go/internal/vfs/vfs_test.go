@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dfkv/dfkv/go/internal/store"
 )
 
 func alignedBuf(t *testing.T, n int) []byte {
@@ -20,14 +22,6 @@ func alignedBuf(t *testing.T, n int) []byte {
 	}
 	t.Cleanup(func() { unix.Munmap(b) })
 	return b
-}
-
-func TestAlignUp(t *testing.T) {
-	for _, c := range []struct{ in, want int64 }{{0, 0}, {1, 4096}, {4095, 4096}, {4096, 4096}, {4097, 8192}, {12288, 12288}} {
-		if got := AlignUp(c.in); got != c.want {
-			t.Errorf("AlignUp(%d) = %d, want %d", c.in, got, c.want)
-		}
-	}
 }
 
 func TestOSFile(t *testing.T) {
@@ -177,19 +171,19 @@ func TestInjectorPartialDirect(t *testing.T) {
 	if err := f.Allocate(1 << 20); err != nil {
 		t.Fatal(err)
 	}
-	buf := alignedBuf(t, 5*BlockSize)
+	buf := alignedBuf(t, 5*store.BlockSize)
 	for i := range buf {
 		buf[i] = 0x5a
 	}
 	in.Inject(Fault{Ops: OpWrite, Err: syscall.EIO, Partial: true, Times: 1})
-	if n, err := f.WriteAt(buf, 0); !errors.Is(err, syscall.EIO) || n != 2*BlockSize {
-		t.Fatalf("partial direct write = %d, %v; want %d, EIO", n, err, 2*BlockSize)
+	if n, err := f.WriteAt(buf, 0); !errors.Is(err, syscall.EIO) || n != 2*store.BlockSize {
+		t.Fatalf("partial direct write = %d, %v; want %d, EIO", n, err, 2*store.BlockSize)
 	}
-	got := alignedBuf(t, 5*BlockSize)
+	got := alignedBuf(t, 5*store.BlockSize)
 	if _, err := f.ReadAt(got, 0); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(got[:2*BlockSize], buf[:2*BlockSize]) || !bytes.Equal(got[2*BlockSize:], make([]byte, 3*BlockSize)) {
+	if !bytes.Equal(got[:2*store.BlockSize], buf[:2*store.BlockSize]) || !bytes.Equal(got[2*store.BlockSize:], make([]byte, 3*store.BlockSize)) {
 		t.Fatal("a partial direct write did not land exactly two blocks")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/vfs"
 )
 
@@ -17,7 +18,7 @@ const (
 	DefaultBufferPoolBytes = 256 << 20
 
 	// blockSize is the O_DIRECT alignment and the smallest size class.
-	blockSize = 4096
+	blockSize = store.BlockSize
 	// maxValueLimit keeps lengths within the record's u32 length field.
 	maxValueLimit = 1 << 30
 )
@@ -125,4 +126,4 @@ func SizeClasses(maxValue int64) []int64 {
 	return classes
 }
 
-func alignUp(n int64) int64 { return vfs.AlignUp(n) }
+func alignUp(n int64) int64 { return store.AlignUp(n) }
