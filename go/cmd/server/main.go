@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command dfkv_server is a dfkv cache node: it stores values on local disks (slab engine by
 // default) and serves them over TCP. Every flag has a DFKV_* environment twin.
 package main

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package vfs is the file-system seam under the disk engines (store/slab, store/file):
 // every open, read, write, sync, allocation and directory change they make goes through an
 // FS, so that tests can put an error-injecting FS (NewInjector, modelled on pebble's
