@@ -12,18 +12,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
-	"github.com/dfkv/dfkv/go/internal/metrics"
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
@@ -44,20 +37,10 @@ type options struct {
 	mds                                    mdsFlags
 }
 
-func defaultDataDir() string {
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "dfkv", "data")
-	}
-	if h, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(h, ".local", "share", "dfkv", "data")
-	}
-	return filepath.Join(os.TempDir(), "dfkv-data")
-}
-
 func parse(args []string) (*options, error) {
 	o := &options{capacity: 1 << 30, maxMsg: 64 << 20}
 	fs := flag.NewFlagSet("dfkv_server", flag.ContinueOnError)
-	fs.StringVar(&o.dirs, "dir", defaultDataDir(), "comma-separated data directories, one per disk")
+	fs.StringVar(&o.dirs, "dir", cli.DataDir("data"), "comma-separated data directories, one per disk")
 	fs.StringVar(&o.host, "host", "127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
 	fs.IntVar(&o.port, "port", 12000, "data-plane TCP port (0 picks a free one)")
 	fs.Var(&o.capacity, "cap", "total capacity across all disks (bytes; KiB/MiB/GiB/TiB suffixes)")
@@ -131,11 +114,7 @@ func serve(o *options, log *slog.Logger) error {
 		}
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_server_build_info", Help: "Build and configuration of this node."}, []string{"version", "engine"})
-	buildInfo.WithLabelValues(version.Version, o.engine).Set(1)
-	reg.MustRegister(buildInfo)
+	reg := cli.NewRegistry("dfkv_server_build_info", "Build and configuration of this node.", "engine", o.engine)
 	m := server.NewMetrics(reg, engine)
 
 	srv, err := server.New(server.Config{
@@ -155,30 +134,22 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	var nodeReg nodeRegistration
-	var httpSrv *metrics.HTTPServer
-	if o.metricsPort > 0 {
-		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
-			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log,
-			Ready: func() error {
-				if !engine.Stats().Healthy {
-					return errors.New("store unhealthy")
-				}
-				return nodeReg.ready()
-			},
-		})
-		if err != nil {
-			ln.Close()
-			closeEngine()
-			return err
+	httpSrv, err := cli.StartMetrics(o.host, o.metricsPort, reg, func() error {
+		if !engine.Stats().Healthy {
+			return errors.New("store unhealthy")
 		}
-		log.Info("metrics listening", "addr", httpSrv.Addr())
+		return nodeReg.ready()
+	}, log)
+	if err != nil {
+		ln.Close()
+		closeEngine()
+		return err
 	}
 	addr := ln.Addr().String()
-	if o.addrFile != "" {
-		tmp := o.addrFile + ".tmp"
-		if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err == nil {
-			err = os.Rename(tmp, o.addrFile)
-		}
+	if err := cli.WriteAddrFile(o.addrFile, addr); err != nil {
+		ln.Close()
+		closeEngine()
+		return err
 	}
 	log.Info("dfkv_server listening", "addr", addr, "engine", o.engine, "dirs", strings.Join(dirs, ","),
 		"cap", int64(o.capacity), "version", version.Version)
@@ -188,15 +159,7 @@ func serve(o *options, log *slog.Logger) error {
 	if err := nodeReg.start(&o.mds, addr, log); err != nil {
 		log.Error("mds registration", "err", err)
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	var serveErr error
-	select {
-	case s := <-sig:
-		log.Info("draining", "signal", s.String())
-	case serveErr = <-errc:
-		log.Error("listener failed", "err", serveErr)
-	}
+	serveErr := cli.WaitForStop(log, map[string]<-chan error{"listener": errc})
 	nodeReg.stop(log) // leave the ring first, so clients stop routing here
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
