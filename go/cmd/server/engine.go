@@ -31,6 +31,21 @@ const (
 	maxAutoExtent   = 256 << 20
 )
 
+// autoMaxValue is the largest value a slab disk of this share accepts when --max-msg is
+// not given: 64 MiB, halved (down to 1 MiB) while the automatic geometry would give some
+// size class fewer than two extents (the slab engine's "few extents" threshold). So the
+// default 1 GiB cache starts clean with 8 MiB values, and a cache of a few GiB per disk
+// takes 64 MiB values.
+func autoMaxValue(share int64) int64 {
+	mv := int64(64 << 20)
+	for ; mv > 1<<20; mv /= 2 {
+		if share/autoExtent(share, mv) >= 2*int64(len(slab.SizeClasses(mv))) {
+			break
+		}
+	}
+	return mv
+}
+
 func autoExtent(share, maxValue int64) int64 {
 	e := share / int64(extentsPerClass*len(slab.SizeClasses(maxValue)))
 	e = min(e, maxAutoExtent)

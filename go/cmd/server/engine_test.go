@@ -44,3 +44,44 @@ func TestParseFlagsAndEnv(t *testing.T) {
 		t.Fatal("bad size accepted")
 	}
 }
+
+func TestAutoMaxValue(t *testing.T) {
+	cases := []struct{ share, want int64 }{
+		// Worked by hand from the size classes: 1 GiB with 64 MiB values is 16 extents for
+		// ~45 classes; 8 MiB values (~34 classes) give 128 extents of 8 MiB.
+		{1 << 30, 8 << 20},
+		{256 << 20, 4 << 20},
+		{64 << 30, 64 << 20},
+		{16 << 20, 1 << 20}, // floor: never below 1 MiB
+	}
+	for _, c := range cases {
+		got := autoMaxValue(c.share)
+		if got != c.want {
+			t.Errorf("autoMaxValue(%d) = %d, want %d", c.share, got, c.want)
+		}
+		// Whatever it picks starts without the engine's warning (except at the floor).
+		if got > 1<<20 {
+			if n, classes := c.share/autoExtent(c.share, got), len(slab.SizeClasses(got)); n < 2*int64(classes) {
+				t.Errorf("share %d: %d extents for %d classes", c.share, n, classes)
+			}
+		}
+	}
+}
+
+func TestMaxMsgDefault(t *testing.T) {
+	o, err := parse([]string{"--dir", "/a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.maxMsgAuto || int64(o.maxMsg) != autoMaxValue(1<<30) {
+		t.Fatalf("default max-msg %d auto=%v", int64(o.maxMsg), o.maxMsgAuto)
+	}
+	o, err = parse([]string{"--dir", "/a", "--max-msg", "64MiB"})
+	if err != nil || o.maxMsgAuto || int64(o.maxMsg) != 64<<20 {
+		t.Fatalf("explicit max-msg: %d auto=%v err=%v", int64(o.maxMsg), o.maxMsgAuto, err)
+	}
+	t.Setenv("DFKV_MAX_MSG", "32MiB")
+	if o, err = parse([]string{"--dir", "/a"}); err != nil || o.maxMsgAuto || int64(o.maxMsg) != 32<<20 {
+		t.Fatalf("DFKV_MAX_MSG: %d auto=%v err=%v", int64(o.maxMsg), o.maxMsgAuto, err)
+	}
+}

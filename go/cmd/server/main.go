@@ -33,6 +33,7 @@ type options struct {
 	capacity, maxMsg, extent               cli.Size
 	firstReqMS, ioTimeoutMS, idleMS        int
 	showVersion                            bool
+	maxMsgAuto                             bool // --max-msg not given: derived from the capacity
 	tier                                   tierOptions
 	mds                                    mdsFlags
 }
@@ -47,7 +48,7 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.engine, "store-engine", "slab", "storage engine: slab (default), file (diagnostic), mem (diagnostic, not persistent)")
 	fs.Var(&o.extent, "extent-size", "slab extent file size (default 256MiB, smaller when the capacity needs it)")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "HTTP port for /metrics, /healthz, /readyz (0 = off)")
-	fs.Var(&o.maxMsg, "max-msg", "largest value accepted (bytes)")
+	fs.Var(&o.maxMsg, "max-msg", "largest value accepted (bytes; default 64MiB, or less for a slab cache too small to give every size class two extents)")
 	fs.IntVar(&o.maxConns, "max-conns", 4096, "open data connections allowed")
 	fs.IntVar(&o.firstReqMS, "first-req-ms", 30000, "a new connection must send its first request within this")
 	fs.IntVar(&o.ioTimeoutMS, "io-timeout-ms", 30000, "deadline for each payload read and reply write")
@@ -73,6 +74,11 @@ func parse(args []string) (*options, error) {
 	if err := o.mds.validate(); err != nil {
 		return nil, err
 	}
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "max-msg" })
+	if !given && o.engine == "slab" && o.capacity > 0 {
+		o.maxMsg, o.maxMsgAuto = cli.Size(autoMaxValue(int64(o.capacity)/int64(max(1, len(splitDirs(o.dirs)))))), true
+	}
 	return o, nil
 }
 
@@ -90,11 +96,10 @@ func serve(o *options, log *slog.Logger) error {
 	if err := limits.Validate(); err != nil {
 		return fmt.Errorf("--max-msg: %w", err)
 	}
-	var dirs []string
-	for _, d := range strings.Split(o.dirs, ",") {
-		if d = strings.TrimSpace(d); d != "" {
-			dirs = append(dirs, d)
-		}
+	dirs := splitDirs(o.dirs)
+	if o.maxMsgAuto && o.maxMsg < 64<<20 {
+		log.Info("--max-msg not given: largest value set to fit the capacity (raise --cap or set --max-msg)",
+			"max_msg", int64(o.maxMsg), "cap", int64(o.capacity))
 	}
 	engine, err := openEngine(engineConfig{
 		kind: o.engine, dirs: dirs, capacity: int64(o.capacity), maxValue: int64(o.maxMsg), extent: int64(o.extent), log: log,
@@ -175,4 +180,14 @@ func serve(o *options, log *slog.Logger) error {
 		return serveErr
 	}
 	return nil
+}
+
+func splitDirs(list string) []string {
+	var dirs []string
+	for _, d := range strings.Split(list, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
 }
