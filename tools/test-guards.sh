@@ -47,6 +47,7 @@ expect fail "check-gofmt: unformatted file" "$root/tools/check-gofmt.sh" "$g"
 # --- pytest skip allow-list --------------------------------------------------------------
 p=$scratch/pytest
 mkdir -p "$p/tests"
+printf '[pytest]\n' >"$p/pytest.ini" # rootdir = $p, as python/ is for the real suite
 printf 'def test_ok():\n    pass\n' >"$p/tests/test_ok.py"
 printf '# reason\n' >"$p/allow.txt"
 skipguard() { (cd "$p" && PYTHONPATH="$root/tools" "$py" -m pytest -q -p no:cacheprovider -p pytest_skipguard --skip-allowlist allow.txt tests); }

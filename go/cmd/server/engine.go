@@ -34,7 +34,7 @@ const (
 // autoMaxValue is the largest value a slab disk of this share accepts when --max-msg is
 // not given: 64 MiB, halved (down to 1 MiB) while the automatic geometry would give some
 // size class fewer than two extents (the slab engine's "few extents" threshold). So the
-// default 1 GiB cache starts clean with 8 MiB values, and a cache of a few GiB per disk
+// default 1 GiB cache starts clean with 8 MiB values, and from about 5.3 GiB per disk it
 // takes 64 MiB values.
 func autoMaxValue(share int64) int64 {
 	mv := int64(64 << 20)

@@ -16,8 +16,9 @@ func TestAutoExtent(t *testing.T) {
 		{1 << 40, 64 << 20, 256 << 20},
 		// A small disk never goes below the largest value.
 		{1 << 30, 64 << 20, 64 << 20},
-		// With small values, extents shrink so every size class gets a few.
-		{3 << 30, 4 << 20, ((3 << 30) / int64(extentsPerClass*len(slab.SizeClasses(4<<20)))) &^ 4095},
+		// With small values, extents shrink so every size class gets a few: 4 MiB values have
+		// 28 size classes, so 3 GiB / (4 × 28) = 28,760,941 bytes, rounded down to 4096.
+		{3 << 30, 4 << 20, 28758016},
 	}
 	for _, c := range cases {
 		got := autoExtent(c.share, c.maxValue)
@@ -47,8 +48,10 @@ func TestParseFlagsAndEnv(t *testing.T) {
 
 func TestAutoMaxValue(t *testing.T) {
 	cases := []struct{ share, want int64 }{
-		// Worked by hand from the size classes: 1 GiB with 64 MiB values is 16 extents for
-		// ~45 classes; 8 MiB values (~34 classes) give 128 extents of 8 MiB.
+		// Worked by hand from the size-class series (64/32/16/8/4 MiB values have 41/37/34/
+		// 31/28 classes): 1 GiB with 16 MiB values is 64 extents for 34 classes (< 68); with
+		// 8 MiB, 1 GiB / (4 × 31) gives 124 extents (>= 62). 256 MiB with 8 MiB values is 32
+		// extents (< 62); with 4 MiB, 64 (>= 56).
 		{1 << 30, 8 << 20},
 		{256 << 20, 4 << 20},
 		{64 << 30, 64 << 20},

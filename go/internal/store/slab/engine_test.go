@@ -386,6 +386,13 @@ func TestSizeClasses(t *testing.T) {
 	if !slices.Equal(got[:len(want)], want) {
 		t.Fatalf("first classes = %v, want %v", got[:len(want)], want)
 	}
+	// Series lengths counted by hand from the same rule (docs/DEPLOY.md §5 relies on them).
+	if n := len(SizeClasses(64 * mib)); n != 41 {
+		t.Fatalf("%d classes for 64 MiB, want 41", n)
+	}
+	if n := len(SizeClasses(4 * mib)); n != 28 {
+		t.Fatalf("%d classes for 4 MiB, want 28", n)
+	}
 	if c := SizeClasses(20000); !slices.Equal(c, []int64{4096, 8192, 12288, 16384, 20480}) {
 		t.Fatalf("SizeClasses(20000) = %v", c)
 	}
