@@ -6,6 +6,7 @@
 #     an entry whose [ENV=value] condition does not hold
 #   - testdata/golden/gen_golden.py --check: an edited object id, ring owner, tenant hash
 #   - tools/build.sh: a missing command package
+#   - go/e2e TestMDSExternalEtcd: no etcd binary
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-python3}
@@ -95,6 +96,11 @@ mkdir -p "$b/tools" "$b/go/cmd/server" "$b/go/cmd/dfkvctl" "$b/go/cmd/bench" "$b
 cp "$root/tools/build.sh" "$b/tools/"
 for c in server dfkvctl bench libdfkv; do printf 'package main\n' >"$b/go/cmd/$c/main.go"; done
 want_out="go/cmd/mds is missing" expect fail "build.sh: missing command (go/cmd/mds)" env DFKV_BUILD_DIR="$b/out" "$b/tools/build.sh"
+
+# --- external etcd ------------------------------------------------------------------------
+# Without an etcd the MDS end-to-end test must fail, not skip (DFKV_ETCD names the binary).
+want_out="external etcd not on PATH" expect fail "e2e: no etcd fails TestMDSExternalEtcd" \
+  env -C "$root" DFKV_ETCD=/nonexistent/etcd DFKV_BIN_DIR=/nonexistent go test -count=1 -run '^TestMDSExternalEtcd$' ./go/e2e
 
 echo "test-guards: $((n - fails))/$n passed"
 [ $fails = 0 ]
