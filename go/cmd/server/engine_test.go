@@ -55,15 +55,19 @@ func TestAutoMaxValue(t *testing.T) {
 		{1 << 30, 8 << 20},
 		{256 << 20, 4 << 20},
 		{64 << 30, 64 << 20},
-		{16 << 20, 1 << 20}, // floor: never below 1 MiB
+		// 1 MiB values (22 classes) need 44 extents of at least 1 MiB: 48 MiB has 48, 16 MiB
+		// does not and keeps the old 64 MiB default (and is refused at Open, as before).
+		{48 << 20, 1 << 20},
+		{16 << 20, 64 << 20},
+		{1 << 20, 64 << 20},
 	}
 	for _, c := range cases {
 		got := autoMaxValue(c.share)
 		if got != c.want {
 			t.Errorf("autoMaxValue(%d) = %d, want %d", c.share, got, c.want)
 		}
-		// Whatever it picks starts without the engine's warning (except at the floor).
-		if got > 1<<20 {
+		// Whatever it picks below the old default starts without the engine's warning.
+		if got < 64<<20 || c.share >= 64<<30 {
 			if n, classes := c.share/autoExtent(c.share, got), len(slab.SizeClasses(got)); n < 2*int64(classes) {
 				t.Errorf("share %d: %d extents for %d classes", c.share, n, classes)
 			}
