@@ -41,14 +41,14 @@
       packages = forAll (pkgs:
         let
           # The Go binaries and libdfkv.so from the plain Go route (tools/build.sh's flags).
-          # vendorHash: PLACEHOLDER — nixpkgs cannot be fetched where this flake was written,
-          # so the hash of the Go module closure is not known yet. The first
-          # `nix build .#dfkv` prints the real hash ("got: sha256-..."): put it here.
+          # vendorHash: the NAR hash of the `go mod vendor` tree (what buildGoModule's
+          # goModules derivation produces), computed with Debian's nix-bin 2.8 by
+          # tools/nix-vendor-hash.sh; rerun it after any go.mod/go.sum/import change.
           dfkv = pkgs.buildGoModule {
             pname = "dfkv";
             inherit version;
             src = nixpkgs.lib.cleanSource ./.;
-            vendorHash = nixpkgs.lib.fakeHash; # PLACEHOLDER, see above
+            vendorHash = "sha256-W8VuwTGH/n35DiYofqP1RVlIM6+kjPiH6eXEiAnh3XQ=";
             subPackages = [ "go/cmd/server" "go/cmd/mds" "go/cmd/dfkvctl" "go/cmd/bench" ];
             env.CGO_ENABLED = "0";
             ldflags = [ "-X github.com/dfkv/dfkv/go/internal/version.Version=${version}" ];

@@ -168,7 +168,15 @@ func TestStalePooledConnectionRetried(t *testing.T) {
 	if err := c.Put([]byte("k"), []byte("v")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // the server reaps the idle pooled connection
+	// Wait for the event itself, the server reaping the idle pooled connection, rather than
+	// sleeping and hoping it happened.
+	deadline := time.Now().Add(5 * time.Second)
+	for n.srv.Conns() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server kept the idle connection open (%d conns)", n.srv.Conns())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	buf := make([]byte, 1)
 	if err := c.Get([]byte("k"), buf); err != nil {
 		t.Fatalf("get after idle reap: %v", err)

@@ -291,8 +291,11 @@ func TestClientRegistration(t *testing.T) {
 	waitFor(0)
 
 	t.Setenv("DFKV_CLIENT_REGISTER", "0")
-	newMembership(t, MDSOptions{Endpoints: []string{addr}, Register: true, ClientID: "conn-2"})
-	time.Sleep(200 * time.Millisecond)
+	m2 := newMembership(t, MDSOptions{Endpoints: []string{addr}, Register: true, ClientID: "conn-2"})
+	// No holder means nothing can ever register; no sleep-and-hope needed.
+	if m2.holder != nil {
+		t.Fatal("DFKV_CLIENT_REGISTER=0 still started a registration holder")
+	}
 	if got := list(); len(got) != 0 {
 		t.Fatalf("DFKV_CLIENT_REGISTER=0 still registered: %+v", got)
 	}

@@ -101,82 +101,21 @@ func TestKillDuringWriteStorm(t *testing.T) {
 	dir := t.TempDir()
 	s := startServer(t, dir, "--cap", "2GiB", "--max-msg", "4MiB")
 	c := newClient(t, s.addr)
-	r := rand.New(rand.NewPCG(21, 22))
-	type rec struct {
-		key  string
-		size int
-	}
-	var before []rec
-	for i := 0; i < 100; i++ {
-		k := fmt.Sprintf("before-%d", i)
-		n := logUniform(r, 4<<10, 2<<20)
-		if err := c.Put([]byte(k), value(k, 0, n)); err != nil {
-			t.Fatal(err)
-		}
-		before = append(before, rec{k, n})
-	}
-	var mu sync.Mutex
-	acked := map[string]int{}
-	attempted := map[string]int{}
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var total atomic.Int64
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			rr := rand.New(rand.NewPCG(uint64(w), 99))
-			for i := 0; !stop.Load() && i < 100000; i++ {
-				k := fmt.Sprintf("storm-%d-%d", w, i)
-				n := logUniform(rr, 4<<10, 1<<20)
-				mu.Lock()
-				attempted[k] = n
-				mu.Unlock()
-				if err := c.Put([]byte(k), value(k, 0, n)); err != nil {
-					return // the server died under us
-				}
-				total.Add(1)
-				mu.Lock()
-				acked[k] = n
-				mu.Unlock()
-			}
-		}(w)
-	}
+	before := preload(t, c, 100, 21)
+	st := startStorm(c, 8, 99)
 	deadline := time.Now().Add(10 * time.Second)
-	for total.Load() < 200 && time.Now().Before(deadline) {
+	for st.total.Load() < 200 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	s.kill()
-	stop.Store(true)
-	wg.Wait()
-	if total.Load() == 0 {
+	st.halt()
+	if st.total.Load() == 0 {
 		t.Fatal("the storm wrote nothing before the kill")
 	}
-	t.Logf("killed after %d acknowledged storm writes (%d attempted)", len(acked), len(attempted))
+	t.Logf("killed after %d acknowledged storm writes (%d attempted)", len(st.acked), len(st.attempted))
 
 	s.start()
-	c2 := newClient(t, s.addr)
-	buf := make([]byte, 2<<20)
-	for _, b := range before {
-		n, err := c2.GetAuto([]byte(b.key), buf)
-		if err != nil || !bytes.Equal(buf[:n], value(b.key, 0, b.size)) {
-			t.Fatalf("pre-storm write %s lost or wrong after kill -9: n=%d err=%v", b.key, n, err)
-		}
-	}
-	lostAcked := 0
-	for k, size := range attempted {
-		n, err := c2.GetAuto([]byte(k), buf)
-		switch {
-		case errors.Is(err, client.ErrNotFound):
-			if _, ok := acked[k]; ok {
-				lostAcked++
-			}
-		case err != nil:
-			t.Fatalf("get %s: %v", k, err)
-		case !bytes.Equal(buf[:n], value(k, 0, size)):
-			t.Fatalf("storm key %s returned wrong bytes after kill -9 (%d bytes)", k, n)
-		}
-	}
+	lostAcked := st.verify(t, newClient(t, s.addr), before)
 	if lostAcked > 0 {
 		t.Fatalf("%d acknowledged storm writes lost (writes are synchronous and durable)", lostAcked)
 	}

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,61 +22,18 @@ func TestRAMTierKillDuringWriteStorm(t *testing.T) {
 		"--ram-tier-shards", "4", "--read-coalesce"}
 	s := startServer(t, dir, flags...)
 	c := newClient(t, s.addr)
-	r := rand.New(rand.NewPCG(31, 32))
-	type rec struct {
-		key  string
-		size int
-	}
-	var before []rec
-	for i := 0; i < 60; i++ {
-		k := fmt.Sprintf("before-%d", i)
-		n := logUniform(r, 4<<10, 2<<20)
-		if err := c.Put([]byte(k), value(k, 0, n)); err != nil {
-			t.Fatal(err)
-		}
-		before = append(before, rec{k, n})
-	}
-	var mu sync.Mutex
-	acked := map[string]int{}
-	attempted := map[string]int{}
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var total, reads atomic.Int64
-	var wrong atomic.Value
-	for w := 0; w < 6; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			rr := rand.New(rand.NewPCG(uint64(w), 77))
-			for i := 0; !stop.Load() && i < 100000; i++ {
-				k := fmt.Sprintf("storm-%d-%d", w, i)
-				n := logUniform(rr, 4<<10, 1<<20)
-				mu.Lock()
-				attempted[k] = n
-				mu.Unlock()
-				if err := c.Put([]byte(k), value(k, 0, n)); err != nil {
-					return // the server died under us
-				}
-				total.Add(1)
-				mu.Lock()
-				acked[k] = n
-				mu.Unlock()
-			}
-		}(w)
-	}
+	before := preload(t, c, 60, 31)
+	st := startStorm(c, 6, 77)
 	// Readers hammer the pre-storm keys (warm, evicted and promoted again) while writing.
+	var reads atomic.Int64
+	var wrong atomic.Value
 	for rd := 0; rd < 3; rd++ {
-		wg.Add(1)
-		go func(rd int) {
-			defer wg.Done()
+		st.also(func(stopped func() bool) {
 			buf := make([]byte, 2<<20)
-			for i := 0; !stop.Load(); i++ {
+			for i := 0; !stopped(); i++ {
 				b := before[(rd*17+i)%len(before)]
 				n, err := c.GetAuto([]byte(b.key), buf)
 				if err != nil {
-					if stop.Load() {
-						return
-					}
 					continue // the kill may land mid-request
 				}
 				reads.Add(1)
@@ -87,50 +42,26 @@ func TestRAMTierKillDuringWriteStorm(t *testing.T) {
 					return
 				}
 			}
-		}(rd)
+		})
 	}
 	deadline := time.Now().Add(15 * time.Second)
-	for (total.Load() < 200 || reads.Load() < 100) && time.Now().Before(deadline) {
+	for (st.total.Load() < 200 || reads.Load() < 100) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	hits := s.metric("dfkv_ram_hits_total")
 	s.kill()
-	stop.Store(true)
-	wg.Wait()
+	st.halt()
 	if k := wrong.Load(); k != nil {
 		t.Fatalf("GET of %s returned wrong bytes during the storm", k)
 	}
-	if total.Load() == 0 || hits == 0 {
-		t.Fatalf("the storm wrote %d values and served %v RAM hits before the kill", total.Load(), hits)
+	if st.total.Load() == 0 || hits == 0 {
+		t.Fatalf("the storm wrote %d values and served %v RAM hits before the kill", st.total.Load(), hits)
 	}
-	t.Logf("killed after %d acknowledged storm writes (%d attempted), %d reads, %v RAM hits", len(acked), len(attempted), reads.Load(), hits)
+	t.Logf("killed after %d acknowledged storm writes (%d attempted), %d reads, %v RAM hits", len(st.acked), len(st.attempted), reads.Load(), hits)
 
 	s.start()
 	c2 := newClient(t, s.addr)
-	buf := make([]byte, 2<<20)
-	check := func() int {
-		lost := 0
-		for _, b := range before {
-			n, err := c2.GetAuto([]byte(b.key), buf)
-			if err != nil || !bytes.Equal(buf[:n], value(b.key, 0, b.size)) {
-				t.Fatalf("pre-storm write %s lost or wrong after kill -9: n=%d err=%v", b.key, n, err)
-			}
-		}
-		for k, size := range attempted {
-			n, err := c2.GetAuto([]byte(k), buf)
-			switch {
-			case errors.Is(err, client.ErrNotFound):
-				if _, ok := acked[k]; ok {
-					lost++
-				}
-			case err != nil:
-				t.Fatalf("get %s: %v", k, err)
-			case !bytes.Equal(buf[:n], value(k, 0, size)):
-				t.Fatalf("storm key %s returned wrong bytes after kill -9 (%d bytes)", k, n)
-			}
-		}
-		return lost
-	}
+	check := func() int { return st.verify(t, c2, before) }
 	// Twice: the first pass promotes from disk, the second is served from RAM.
 	for pass := 0; pass < 2; pass++ {
 		if lost := check(); lost > 0 {

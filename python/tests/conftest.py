@@ -64,7 +64,9 @@ def server(tmp_path_factory):
     log = open(tmp / "server.log", "wb")
     proc = subprocess.Popen(
         [str(SERVER_BIN), "--host", "127.0.0.1", "--port", "0", "--addr-file", str(addr_file),
-         "--dir", str(tmp / "data"), "--cap", str(256 << 20)],
+         # --max-msg explicit: without it a 256 MiB cache takes values up to 4 MiB only
+         # (dfkv_server sizes the default to its capacity) and the connector tests move more.
+         "--dir", str(tmp / "data"), "--cap", str(256 << 20), "--max-msg", str(64 << 20)],
         stdout=log, stderr=subprocess.STDOUT,
     )
     try:

@@ -30,7 +30,7 @@ def test_file_has_enough_vectors():
 @pytest.mark.parametrize("v", VECTORS, ids=[v["name"] for v in VECTORS])
 def test_outputs(v):
     for f in ("object_id", "tenant_hash", "ring_owner", "disk_owner"):
-        assert v[f], f"{v['name']}: {f} is empty; run go test ./go/identity -run TestGolden -update"
+        assert v[f], f"{v['name']}: {f} is empty; run testdata/golden/gen_golden.py --write for a new vector"
     oid = object_id(bytes.fromhex(v["namespace_hex"]), bytes.fromhex(v["key_hex"]))
     assert oid.hex() == v["object_id"]
     assert f"{tenant_hash(bytes.fromhex(v['tenant_hex'])):016x}" == v["tenant_hash"]

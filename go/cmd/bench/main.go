@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command dfkv_bench is dfkv's load generator and the harness that measures its baselines
 // with the same code, sizes, connection counts and percentiles.
 //

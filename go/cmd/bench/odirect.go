@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -11,9 +13,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dfkv/dfkv/go/internal/directio"
-
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
+	"github.com/dfkv/dfkv/go/internal/directio"
+	"github.com/dfkv/dfkv/go/internal/store"
 )
 
 // The odirect target is the device-speed reference for cold GETs: O_DIRECT preads (and, for
@@ -28,9 +30,7 @@ import (
 // sector's stamp, so a misplaced or short read counts as an error. Buffers come from
 // anonymous mmap (page-aligned, populated once, not scanned by the GC); nothing is copied
 // after the read.
-const sectorSize = 4096
-
-func alignUp(n int64) int64 { return (n + sectorSize - 1) &^ (sectorSize - 1) }
+const sectorSize = store.BlockSize
 
 // stampSectors writes each sector's number (its file offset / 4096) into its first 8 bytes.
 func stampSectors(b []byte, off int64) {
@@ -62,7 +62,7 @@ func odirectPrep(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "dfkv_bench odirect-prep: need --file PATH --bytes N (> 0)")
 		return exitSetup
 	}
-	size := alignUp(int64(total))
+	size := store.AlignUp(int64(total))
 	start := time.Now()
 	if err := prepFile(*file, size); err != nil {
 		fmt.Fprintln(stderr, "dfkv_bench odirect-prep:", err)
@@ -120,7 +120,7 @@ func openODirectTarget(cfg targetConfig, size int64) (target, error) {
 	if err != nil {
 		return nil, err
 	}
-	block := alignUp(size)
+	block := store.AlignUp(size)
 	n := st.Size() / block
 	if n < 1 {
 		return nil, fmt.Errorf("%s holds %d bytes: less than one %d-byte block", cfg.file, st.Size(), block)

@@ -19,15 +19,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
 	"github.com/dfkv/dfkv/go/internal/mds"
@@ -49,22 +42,12 @@ type options struct {
 	sec                                    cli.Security
 }
 
-func defaultEtcdDir() string {
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "dfkv", "etcd")
-	}
-	if h, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(h, ".local", "share", "dfkv", "etcd")
-	}
-	return filepath.Join(os.TempDir(), "dfkv-etcd")
-}
-
 func parse(args []string) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("dfkv_mds", flag.ContinueOnError)
 	fs.StringVar(&o.host, "host", "127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
 	fs.StringVar(&o.listen, "listen", "9400", "MDS port (0 picks a free one), or HOST:PORT")
-	fs.StringVar(&o.etcd, "etcd", "embedded:"+defaultEtcdDir(), "etcd endpoints host:port[,...], or embedded:DIR to run etcd in-process")
+	fs.StringVar(&o.etcd, "etcd", "embedded:"+cli.DataDir("etcd"), "etcd endpoints host:port[,...], or embedded:DIR to run etcd in-process")
 	fs.StringVar(&o.etcdClientAddr, "etcd-client-addr", "127.0.0.1:2379", "embedded etcd: client listener (other MDS replicas may use it as --etcd)")
 	fs.StringVar(&o.etcdPeerAddr, "etcd-peer-addr", "127.0.0.1:2380", "embedded etcd: peer listener")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 30*time.Second, "lease of every registration: a holder that stops heartbeating leaves after it")
@@ -169,11 +152,7 @@ func serve(o *options, log *slog.Logger) error {
 	sec.Start(o.sec.ReloadEvery)
 	defer sec.Stop()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_mds_build_info", Help: "Build and etcd mode of this MDS."}, []string{"version", "etcd"})
-	buildInfo.WithLabelValues(version.Version, mode).Set(1)
-	reg.MustRegister(buildInfo)
+	reg := cli.NewRegistry("dfkv_mds_build_info", "Build and etcd mode of this MDS.", "etcd", mode)
 	m := mds.NewMetrics(reg)
 
 	svc, err := mds.NewService(mds.Config{Store: store, LeaseTTL: o.leaseTTL, CallTimeout: o.etcdTimeout, Logger: log, Metrics: m})
@@ -205,53 +184,38 @@ func serve(o *options, log *slog.Logger) error {
 	if host, _, err := net.SplitHostPort(ln.Addr().String()); err == nil {
 		sec.WarnIfOpen(log, host)
 	}
-	var httpSrv *metrics.HTTPServer
+	// /healthz is liveness only and never touches etcd; /readyz reads the prober's cached,
+	// debounced answer; /status is the live cluster page.
+	var handlers map[string]http.Handler
 	if o.metricsPort > 0 {
-		// /healthz is liveness only and never touches etcd; /readyz reads the prober's
-		// cached, debounced answer.
 		status, err := mds.NewStatusPage(mds.StatusConfig{Service: svc, EtcdReady: prober.Ready, Groups: m.Groups,
 			Version: version.Version, EtcdMode: mode, PollInterval: o.statusPoll, ScrapeTimeout: min(2*time.Second, o.statusPoll), Logger: log})
 		if err != nil {
 			ln.Close()
 			return err
 		}
-		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
-			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log, Ready: prober.Ready, TLS: sec.ServerTLS(),
-			FirstRequestLimit: time.Duration(o.firstReqMS) * time.Millisecond,
-			Handlers:          map[string]http.Handler{"/status": status},
-		})
-		if err != nil {
-			ln.Close()
-			return err
-		}
-		log.Info("metrics listening", "addr", httpSrv.Addr())
+		handlers = map[string]http.Handler{"/status": status}
+	}
+	httpSrv, err := cli.StartMetrics(o.host, o.metricsPort, metrics.HTTPConfig{Gatherer: reg, Ready: prober.Ready, Logger: log,
+		TLS: sec.ServerTLS(), FirstRequestLimit: time.Duration(o.firstReqMS) * time.Millisecond, Handlers: handlers})
+	if err != nil {
+		ln.Close()
+		return err
 	}
 	addr := ln.Addr().String()
-	if o.addrFile != "" {
-		tmp := o.addrFile + ".tmp"
-		if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err == nil {
-			err = os.Rename(tmp, o.addrFile)
-		}
+	if err := cli.WriteAddrFile(o.addrFile, addr); err != nil {
+		ln.Close()
+		return err
 	}
 	log.Info("dfkv_mds listening", "addr", addr, "etcd", strings.Join(endpoints, ","), "mode", mode, "lease_ttl", o.leaseTTL, "version", version.Version)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	var embErr <-chan error
+	failures := map[string]<-chan error{"listener": errc}
 	if emb != nil {
-		embErr = emb.Err()
+		failures["embedded etcd"] = emb.Err()
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	var serveErr error
-	select {
-	case s := <-sig:
-		log.Info("stopping", "signal", s.String())
-	case serveErr = <-errc:
-		log.Error("listener failed", "err", serveErr)
-	case serveErr = <-embErr:
-		log.Error("embedded etcd failed", "err", serveErr)
-	}
+	serveErr := cli.WaitForStop(log, failures)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(ctx)

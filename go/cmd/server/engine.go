@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -28,6 +30,22 @@ const (
 	extentsPerClass = 4
 	maxAutoExtent   = 256 << 20
 )
+
+// autoMaxValue is the largest value a slab disk of this share accepts when --max-msg is
+// not given: 64 MiB, halved (down to 1 MiB) while the automatic geometry would give some
+// size class fewer than two extents (the slab engine's "few extents" threshold). So the
+// default 1 GiB cache starts clean with 8 MiB values, and from about 5.3 GiB per disk it
+// takes 64 MiB values. A share too small for even 1 MiB values keeps 64 MiB: such a cache
+// is refused (or warned about) exactly as before, not silently shrunk.
+func autoMaxValue(share int64) int64 {
+	const top = 64 << 20
+	for mv := int64(top); mv >= 1<<20; mv /= 2 {
+		if share >= mv && share/autoExtent(share, mv) >= 2*int64(len(slab.SizeClasses(mv))) {
+			return mv
+		}
+	}
+	return top
+}
 
 func autoExtent(share, maxValue int64) int64 {
 	e := share / int64(extentsPerClass*len(slab.SizeClasses(maxValue)))

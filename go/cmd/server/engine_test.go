@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -14,8 +16,9 @@ func TestAutoExtent(t *testing.T) {
 		{1 << 40, 64 << 20, 256 << 20},
 		// A small disk never goes below the largest value.
 		{1 << 30, 64 << 20, 64 << 20},
-		// With small values, extents shrink so every size class gets a few.
-		{3 << 30, 4 << 20, ((3 << 30) / int64(extentsPerClass*len(slab.SizeClasses(4<<20)))) &^ 4095},
+		// With small values, extents shrink so every size class gets a few: 4 MiB values have
+		// 28 size classes, so 3 GiB / (4 × 28) = 28,760,941 bytes, rounded down to 4096.
+		{3 << 30, 4 << 20, 28758016},
 	}
 	for _, c := range cases {
 		got := autoExtent(c.share, c.maxValue)
@@ -40,5 +43,52 @@ func TestParseFlagsAndEnv(t *testing.T) {
 	}
 	if _, err := parse([]string{"--cap", "lots"}); err == nil {
 		t.Fatal("bad size accepted")
+	}
+}
+
+func TestAutoMaxValue(t *testing.T) {
+	cases := []struct{ share, want int64 }{
+		// Worked by hand from the size-class series (64/32/16/8/4 MiB values have 41/37/34/
+		// 31/28 classes): 1 GiB with 16 MiB values is 64 extents for 34 classes (< 68); with
+		// 8 MiB, 1 GiB / (4 × 31) gives 124 extents (>= 62). 256 MiB with 8 MiB values is 32
+		// extents (< 62); with 4 MiB, 64 (>= 56).
+		{1 << 30, 8 << 20},
+		{256 << 20, 4 << 20},
+		{64 << 30, 64 << 20},
+		// 1 MiB values (22 classes) need 44 extents of at least 1 MiB: 48 MiB has 48, 16 MiB
+		// does not and keeps the old 64 MiB default (and is refused at Open, as before).
+		{48 << 20, 1 << 20},
+		{16 << 20, 64 << 20},
+		{1 << 20, 64 << 20},
+	}
+	for _, c := range cases {
+		got := autoMaxValue(c.share)
+		if got != c.want {
+			t.Errorf("autoMaxValue(%d) = %d, want %d", c.share, got, c.want)
+		}
+		// Whatever it picks below the old default starts without the engine's warning.
+		if got < 64<<20 || c.share >= 64<<30 {
+			if n, classes := c.share/autoExtent(c.share, got), len(slab.SizeClasses(got)); n < 2*int64(classes) {
+				t.Errorf("share %d: %d extents for %d classes", c.share, n, classes)
+			}
+		}
+	}
+}
+
+func TestMaxMsgDefault(t *testing.T) {
+	o, err := parse([]string{"--dir", "/a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.maxMsgAuto || int64(o.maxMsg) != autoMaxValue(1<<30) {
+		t.Fatalf("default max-msg %d auto=%v", int64(o.maxMsg), o.maxMsgAuto)
+	}
+	o, err = parse([]string{"--dir", "/a", "--max-msg", "64MiB"})
+	if err != nil || o.maxMsgAuto || int64(o.maxMsg) != 64<<20 {
+		t.Fatalf("explicit max-msg: %d auto=%v err=%v", int64(o.maxMsg), o.maxMsgAuto, err)
+	}
+	t.Setenv("DFKV_MAX_MSG", "32MiB")
+	if o, err = parse([]string{"--dir", "/a"}); err != nil || o.maxMsgAuto || int64(o.maxMsg) != 32<<20 {
+		t.Fatalf("DFKV_MAX_MSG: %d auto=%v err=%v", int64(o.maxMsg), o.maxMsgAuto, err)
 	}
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command dfkv_server is a dfkv cache node: it stores values on local disks (slab engine by
 // default) and serves them over TCP. Every flag has a DFKV_* environment twin.
 package main
@@ -10,15 +12,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
 	"github.com/dfkv/dfkv/go/internal/metrics"
@@ -41,32 +39,23 @@ type options struct {
 	capacity, maxMsg, extent               cli.Size
 	firstReqMS, ioTimeoutMS, idleMS        int
 	showVersion                            bool
+	maxMsgAuto                             bool // --max-msg not given: derived from the capacity
 	tier                                   tierOptions
 	mds                                    mdsFlags
 	sec                                    cli.Security
 }
 
-func defaultDataDir() string {
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "dfkv", "data")
-	}
-	if h, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(h, ".local", "share", "dfkv", "data")
-	}
-	return filepath.Join(os.TempDir(), "dfkv-data")
-}
-
 func parse(args []string) (*options, error) {
 	o := &options{capacity: 1 << 30, maxMsg: 64 << 20}
 	fs := flag.NewFlagSet("dfkv_server", flag.ContinueOnError)
-	fs.StringVar(&o.dirs, "dir", defaultDataDir(), "comma-separated data directories, one per disk")
+	fs.StringVar(&o.dirs, "dir", cli.DataDir("data"), "comma-separated data directories, one per disk")
 	fs.StringVar(&o.host, "host", "127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
 	fs.IntVar(&o.port, "port", 12000, "data-plane TCP port (0 picks a free one)")
 	fs.Var(&o.capacity, "cap", "total capacity across all disks (bytes; KiB/MiB/GiB/TiB suffixes)")
 	fs.StringVar(&o.engine, "store-engine", "slab", "storage engine: slab (default), file (diagnostic), mem (diagnostic, not persistent)")
 	fs.Var(&o.extent, "extent-size", "slab extent file size (default 256MiB, smaller when the capacity needs it)")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "HTTP port for /metrics, /healthz, /readyz (0 = off)")
-	fs.Var(&o.maxMsg, "max-msg", "largest value accepted (bytes)")
+	fs.Var(&o.maxMsg, "max-msg", "largest value accepted (bytes; default 64MiB, or less for a slab cache too small to give every size class two extents)")
 	fs.IntVar(&o.maxConns, "max-conns", 4096, "open data connections allowed")
 	fs.IntVar(&o.firstReqMS, "first-req-ms", 30000, "a new connection must send its first request within this")
 	fs.IntVar(&o.ioTimeoutMS, "io-timeout-ms", 30000, "deadline for each payload read and reply write")
@@ -101,6 +90,11 @@ func parse(args []string) (*options, error) {
 	if err := o.sec.Validate(); err != nil {
 		return nil, err
 	}
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "max-msg" })
+	if !given && o.engine == "slab" && o.capacity > 0 {
+		o.maxMsg, o.maxMsgAuto = cli.Size(autoMaxValue(int64(o.capacity)/int64(max(1, len(splitDirs(o.dirs)))))), true
+	}
 	return o, nil
 }
 
@@ -118,11 +112,10 @@ func serve(o *options, log *slog.Logger) error {
 	if err := limits.Validate(); err != nil {
 		return fmt.Errorf("--max-msg: %w", err)
 	}
-	var dirs []string
-	for _, d := range strings.Split(o.dirs, ",") {
-		if d = strings.TrimSpace(d); d != "" {
-			dirs = append(dirs, d)
-		}
+	dirs := splitDirs(o.dirs)
+	if o.maxMsgAuto && o.maxMsg < 64<<20 {
+		log.Info("--max-msg not given: largest value set to fit the capacity (raise --cap or set --max-msg)",
+			"max_msg", int64(o.maxMsg), "cap", int64(o.capacity))
 	}
 	engine, err := openEngine(engineConfig{
 		kind: o.engine, dirs: dirs, capacity: int64(o.capacity), maxValue: int64(o.maxMsg), extent: int64(o.extent), log: log,
@@ -150,11 +143,7 @@ func serve(o *options, log *slog.Logger) error {
 	sec.Start(o.sec.ReloadEvery)
 	defer sec.Stop()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_server_build_info", Help: "Build and configuration of this node."}, []string{"version", "engine"})
-	buildInfo.WithLabelValues(version.Version, o.engine).Set(1)
-	reg.MustRegister(buildInfo)
+	reg := cli.NewRegistry("dfkv_server_build_info", "Build and configuration of this node.", "engine", o.engine)
 	m := server.NewMetrics(reg, engine)
 
 	accessLog, closeAccessLog, err := openAccessLog(o.accessLog, o.accessLogSample)
@@ -200,26 +189,18 @@ func serve(o *options, log *slog.Logger) error {
 		}
 		return 1
 	}))
-	var httpSrv *metrics.HTTPServer
-	if o.metricsPort > 0 {
-		httpSrv, err = metrics.StartHTTP(metrics.HTTPConfig{
-			Addr: net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort)), Gatherer: reg, Logger: log, TLS: sec.ServerTLS(),
-			FirstRequestLimit: time.Duration(o.firstReqMS) * time.Millisecond,
-			Ready:             ready,
-		})
-		if err != nil {
-			ln.Close()
-			closeEngine()
-			return err
-		}
-		log.Info("metrics listening", "addr", httpSrv.Addr())
+	httpSrv, err := cli.StartMetrics(o.host, o.metricsPort, metrics.HTTPConfig{Gatherer: reg, Ready: ready, Logger: log,
+		TLS: sec.ServerTLS(), FirstRequestLimit: time.Duration(o.firstReqMS) * time.Millisecond})
+	if err != nil {
+		ln.Close()
+		closeEngine()
+		return err
 	}
 	addr := ln.Addr().String()
-	if o.addrFile != "" {
-		tmp := o.addrFile + ".tmp"
-		if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err == nil {
-			err = os.Rename(tmp, o.addrFile)
-		}
+	if err := cli.WriteAddrFile(o.addrFile, addr); err != nil {
+		ln.Close()
+		closeEngine()
+		return err
 	}
 	log.Info("dfkv_server listening", "addr", addr, "engine", o.engine, "dirs", strings.Join(dirs, ","),
 		"cap", int64(o.capacity), "version", version.Version, "tls", sec.TLS != nil, "auth_tokens", sec.Tokens != nil)
@@ -229,15 +210,7 @@ func serve(o *options, log *slog.Logger) error {
 	if err := nodeReg.start(&o.mds, addr, log); err != nil {
 		log.Error("mds registration", "err", err)
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	var serveErr error
-	select {
-	case s := <-sig:
-		log.Info("draining", "signal", s.String())
-	case serveErr = <-errc:
-		log.Error("listener failed", "err", serveErr)
-	}
+	serveErr := cli.WaitForStop(log, map[string]<-chan error{"listener": errc})
 	nodeReg.stop(log) // leave the ring first, so clients stop routing here
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -287,4 +260,14 @@ func openAccessLog(path string, sample int) (*server.AccessLog, func(*slog.Logge
 			}
 		}
 	}, nil
+}
+
+func splitDirs(list string) []string {
+	var dirs []string
+	for _, d := range strings.Split(list, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package file is the diagnostic storage engine: one file per value, for comparison and
 // rollback, never the production default (that is package slab).
 //

@@ -1,3 +1,5 @@
+//go:build linux
+
 package file
 
 import (
@@ -20,6 +22,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/vfs"
 )
 
 const (
@@ -38,11 +41,16 @@ type Config struct {
 	CapacityBytes int64 // value bytes the engine may hold; the oldest values are evicted beyond it
 	MaxValueBytes int64 // default 64 MiB
 	Logger        *slog.Logger
+	// FS is the file system under the engine; nil means vfs.Default (tests inject faults).
+	FS vfs.FS
 }
 
 func (c Config) withDefaults() Config {
 	if c.MaxValueBytes == 0 {
 		c.MaxValueBytes = DefaultMaxValueBytes
+	}
+	if c.FS == nil {
+		c.FS = vfs.Default
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -77,9 +85,10 @@ var (
 
 // Engine stores one file per value. It is safe for concurrent use.
 type Engine struct {
-	cfg    Config
-	log    *slog.Logger
-	lockFd int
+	cfg  Config
+	fs   vfs.FS
+	log  *slog.Logger
+	lock io.Closer
 
 	// stripe locks serialize renames and unlinks of one key's file with its index update.
 	stripe [stripes]sync.Mutex
@@ -112,11 +121,11 @@ func Open(cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger.With("engine", "file", "dir", cfg.Dir), lockFd: -1,
+	e := &Engine{cfg: cfg, log: cfg.Logger.With("engine", "file", "dir", cfg.Dir), fs: cfg.FS,
 		index: make(map[store.Key]*entry), order: list.New()}
 	if err := e.open(); err != nil {
-		if e.lockFd >= 0 {
-			unix.Close(e.lockFd)
+		if e.lock != nil {
+			e.lock.Close()
 		}
 		return nil, fmt.Errorf("file: open %s: %w", cfg.Dir, err)
 	}
@@ -125,22 +134,19 @@ func Open(cfg Config) (*Engine, error) {
 
 func (e *Engine) open() error {
 	for _, d := range []string{objectsDir, tmpDir} {
-		if err := os.MkdirAll(filepath.Join(e.cfg.Dir, d), 0o700); err != nil {
+		if err := e.fs.MkdirAll(filepath.Join(e.cfg.Dir, d), 0o700); err != nil {
 			return err
 		}
 	}
-	fd, err := unix.Open(filepath.Join(e.cfg.Dir, lockName), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	lock, err := e.fs.Lock(filepath.Join(e.cfg.Dir, lockName))
 	if err != nil {
 		return err
 	}
-	e.lockFd = fd
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return fmt.Errorf("%s is locked by another process: %w", lockName, err)
-	}
+	e.lock = lock
 	// Leftover temp files are writes that never completed.
-	tmps, _ := os.ReadDir(filepath.Join(e.cfg.Dir, tmpDir))
+	tmps, _ := e.fs.ReadDir(filepath.Join(e.cfg.Dir, tmpDir))
 	for _, t := range tmps {
-		_ = os.Remove(filepath.Join(e.cfg.Dir, tmpDir, t.Name()))
+		_ = e.fs.Remove(filepath.Join(e.cfg.Dir, tmpDir, t.Name()))
 	}
 	type found struct {
 		key   store.Key
@@ -164,7 +170,7 @@ func (e *Engine) open() error {
 		key, ok := parseName(d.Name())
 		if !ok || info.Size() < headerSize+1 || e.path(key) != path {
 			bad++
-			_ = os.Remove(path)
+			_ = e.fs.Remove(path)
 			return nil
 		}
 		all = append(all, found{key, info.Size() - headerSize, info.ModTime()})
@@ -181,7 +187,7 @@ func (e *Engine) open() error {
 	for e.used > e.cfg.CapacityBytes {
 		victim := e.order.Front().Value.(*entry)
 		e.deleteLocked(victim, store.Evicted)
-		_ = os.Remove(e.path(victim.key))
+		_ = e.fs.Remove(e.path(victim.key))
 	}
 	e.log.Info("file: opened", "objects", len(e.index), "used_bytes", e.used, "bad_files", bad)
 	return nil
@@ -299,17 +305,17 @@ func (e *Engine) Put(key store.Key, size int, fill func(dst []byte) error) error
 	mu := e.stripeOf(key)
 	mu.Lock()
 	defer mu.Unlock()
-	if err := os.MkdirAll(filepath.Dir(final), 0o700); err != nil {
-		_ = os.Remove(tmp)
+	if err := e.fs.MkdirAll(filepath.Dir(final), 0o700); err != nil {
+		_ = e.fs.Remove(tmp)
 		e.nIO.Add(1)
 		return fmt.Errorf("file: put %s: %w", key.ID, ioErr(err))
 	}
-	if err := os.Rename(tmp, final); err != nil {
-		_ = os.Remove(tmp)
+	if err := e.fs.Rename(tmp, final); err != nil {
+		_ = e.fs.Remove(tmp)
 		e.nIO.Add(1)
 		return fmt.Errorf("file: put %s: %w", key.ID, ioErr(err))
 	}
-	if err := syncDir(filepath.Dir(final)); err != nil {
+	if err := e.fs.SyncDir(filepath.Dir(final)); err != nil {
 		e.nIO.Add(1)
 		return fmt.Errorf("file: put %s: sync dir: %w", key.ID, ioErr(err))
 	}
@@ -348,12 +354,12 @@ func (e *Engine) unlinkIfAbsent(k store.Key) {
 	_, back := e.index[k]
 	e.mu.Unlock()
 	if !back {
-		_ = os.Remove(e.path(k))
+		_ = e.fs.Remove(e.path(k))
 	}
 }
 
 func (e *Engine) writeTemp(buf []byte) (string, error) {
-	f, err := os.CreateTemp(filepath.Join(e.cfg.Dir, tmpDir), "put-*")
+	f, err := e.fs.CreateTemp(filepath.Join(e.cfg.Dir, tmpDir), "put-*")
 	if err != nil {
 		return "", err
 	}
@@ -365,7 +371,7 @@ func (e *Engine) writeTemp(buf []byte) (string, error) {
 		err = cerr
 	}
 	if err != nil {
-		_ = os.Remove(f.Name())
+		_ = e.fs.Remove(f.Name())
 		return "", err
 	}
 	return f.Name(), nil
@@ -405,7 +411,7 @@ func (e *Engine) Get(key store.Key, fn func(value []byte) error) error {
 }
 
 func (e *Engine) read(key store.Key) ([]byte, error) {
-	f, err := os.Open(e.path(key))
+	f, err := e.fs.OpenFile(e.path(key), os.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -450,7 +456,7 @@ func (e *Engine) drop(key store.Key, gen uint64) {
 	}
 	e.deleteLocked(ent, store.Dropped)
 	e.mu.Unlock()
-	_ = os.Remove(e.path(key))
+	_ = e.fs.Remove(e.path(key))
 }
 
 // Stat returns the stored length of a value.
@@ -485,11 +491,11 @@ func (e *Engine) Remove(key store.Key) error {
 	e.deleteLocked(ent, store.Removed)
 	e.mu.Unlock()
 	p := e.path(key)
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := e.fs.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		e.nIO.Add(1)
 		return fmt.Errorf("file: remove %s: %w", key.ID, ioErr(err))
 	}
-	if err := syncDir(filepath.Dir(p)); err != nil {
+	if err := e.fs.SyncDir(filepath.Dir(p)); err != nil {
 		e.nIO.Add(1)
 		return fmt.Errorf("file: remove %s: sync dir: %w", key.ID, ioErr(err))
 	}
@@ -518,20 +524,11 @@ func (e *Engine) Close() error {
 	for e.inflight.Load() > 0 {
 		time.Sleep(time.Millisecond)
 	}
-	if e.lockFd >= 0 {
-		unix.Close(e.lockFd)
-		e.lockFd = -1
+	if e.lock != nil {
+		e.lock.Close()
+		e.lock = nil
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 func ioErr(err error) error {

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package group presents the engines of several disks (one per --dir) as one
 // store.Engine. Each key is routed by an intra-node Ketama ring over the disks, hashed by
 // the LOW 64 bits of the object id (the node ring already consumed the high bits, so

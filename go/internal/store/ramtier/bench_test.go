@@ -1,3 +1,5 @@
+//go:build linux
+
 package ramtier
 
 import (
@@ -50,7 +52,7 @@ func runParallel(b *testing.B, op func(w, i int) error) {
 func sinks(b *testing.B) [][]byte {
 	s := make([][]byte, benchWorkers)
 	for i := range s {
-		m, err := unix.Mmap(-1, 0, benchSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+		m, err := unix.Mmap(-1, 0, benchSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|mapPopulate)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -177,7 +177,7 @@ func New(backing store.Engine, cfg Config) (*Tier, error) {
 	}
 	total := shardBytes * int64(cfg.Shards)
 	arena, err := unix.Mmap(-1, 0, int(total), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|mapPopulate)
 	if err != nil {
 		return nil, fmt.Errorf("ramtier: allocate a %d-byte arena: %w", total, err)
 	}

@@ -1,3 +1,5 @@
+//go:build linux
+
 package slab
 
 import (
@@ -175,7 +177,7 @@ func (e *Engine) tryRelease(s *slot) {
 // tombstones, which are punched out to keep slots.tbl sparse (best effort: stale
 // tombstones are harmless at rebuild).
 func (e *Engine) recycleExtent(ext *extent) {
-	_ = punchHole(e.tblFd, int64(ext.idx)*e.maxSlots*recordSize, e.maxSlots*recordSize)
+	_ = e.tbl.PunchHole(int64(ext.idx)*e.maxSlots*recordSize, e.maxSlots*recordSize)
 	e.allocMu.Lock()
 	defer e.allocMu.Unlock()
 	e.toPoolLocked(ext)

@@ -1,3 +1,5 @@
+//go:build linux
+
 package slab
 
 import (
@@ -10,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/vfs"
 )
 
 // The Get/Put benchmarks compare the engine with raw O_DIRECT I/O on a preallocated file
@@ -80,14 +83,14 @@ func BenchmarkSlabPut1MiB(b *testing.B) {
 
 // rawFile returns an O_DIRECT|O_DSYNC descriptor of a preallocated, written file and one
 // aligned buffer per worker.
-func rawFile(b *testing.B) (int, [][]byte) {
+func rawFile(b *testing.B) (vfs.File, [][]byte) {
 	path := filepath.Join(b.TempDir(), "raw")
-	fd, err := openDirect(path, true)
+	fd, err := vfs.Default.OpenDirect(path, true)
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { unix.Close(fd) })
-	if err := preallocate(fd, benchKeys*benchBlock); err != nil {
+	b.Cleanup(func() { fd.Close() })
+	if err := fd.Allocate(benchKeys * benchBlock); err != nil {
 		b.Fatal(err)
 	}
 	bufs := make([][]byte, benchWorkers)
@@ -101,7 +104,7 @@ func rawFile(b *testing.B) (int, [][]byte) {
 	}
 	copy(bufs[0], testValue(1, benchBlock))
 	for i := range benchKeys {
-		if err := pwriteFull(fd, bufs[0], int64(i)*benchBlock); err != nil {
+		if err := writeAt(fd, bufs[0], int64(i)*benchBlock); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -113,7 +116,7 @@ func BenchmarkODirectRead1MiB(b *testing.B) {
 	b.SetBytes(benchBlock)
 	b.ReportAllocs()
 	runWorkers(b, benchWorkers, func(w, i int) error {
-		return preadFull(fd, bufs[w], int64(i*7919%benchKeys)*benchBlock)
+		return readAt(fd, bufs[w], int64(i*7919%benchKeys)*benchBlock)
 	})
 }
 
@@ -126,7 +129,7 @@ func BenchmarkODirectWrite1MiB(b *testing.B) {
 	b.ReportAllocs()
 	runWorkers(b, benchWorkers, func(w, i int) error {
 		copy(bufs[w], src)
-		return pwriteFull(fd, bufs[w], int64(i%benchKeys)*benchBlock)
+		return writeAt(fd, bufs[w], int64(i%benchKeys)*benchBlock)
 	})
 }
 

@@ -1,9 +1,14 @@
+//go:build linux
+
 package slab
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
+
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/vfs"
 )
 
 // Defaults applied by Config.withDefaults.
@@ -15,7 +20,7 @@ const (
 	DefaultBufferPoolBytes = 256 << 20
 
 	// blockSize is the O_DIRECT alignment and the smallest size class.
-	blockSize = 4096
+	blockSize = store.BlockSize
 	// maxValueLimit keeps lengths within the record's u32 length field.
 	maxValueLimit = 1 << 30
 )
@@ -42,6 +47,9 @@ type Config struct {
 	ColdStartAfterCrash bool
 	// Logger receives lifecycle and error messages; nil means slog.Default().
 	Logger *slog.Logger
+	// FS is the file system under the engine; nil means vfs.Default. Tests put a
+	// vfs.Injector here to fail reads, writes and syncs.
+	FS vfs.FS
 }
 
 func (c Config) withDefaults() Config {
@@ -56,6 +64,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BufferPoolBytes == 0 {
 		c.BufferPoolBytes = DefaultBufferPoolBytes
+	}
+	if c.FS == nil {
+		c.FS = vfs.Default
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -117,4 +128,4 @@ func SizeClasses(maxValue int64) []int64 {
 	return classes
 }
 
-func alignUp(n int64) int64 { return (n + blockSize - 1) &^ (blockSize - 1) }
+func alignUp(n int64) int64 { return store.AlignUp(n) }

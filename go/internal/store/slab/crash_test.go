@@ -1,3 +1,5 @@
+//go:build linux
+
 package slab
 
 import (
@@ -123,7 +125,10 @@ func TestKill9(t *testing.T) {
 				t.Fatalf("key %d: acknowledged Remove undone by the crash", i)
 			}
 		case errors.Is(err, store.ErrNotFound):
-			if acked[i] && !removed[i] {
+			// The child removes key i-1 right after putting key i: a Remove of the last
+			// acknowledged key may have happened after the last line read.
+			mayBeRemoved := i == last && (i+1)%7 == 3
+			if acked[i] && !removed[i] && !mayBeRemoved {
 				t.Fatalf("acknowledged key %d lost after crash", i)
 			}
 		default:

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package slab is the default production storage engine of a cache node: one Engine per
 // disk directory, storing values in a fixed pool of preallocated extent files carved into
 // deterministic size classes.

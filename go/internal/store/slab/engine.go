@@ -1,8 +1,11 @@
+//go:build linux
+
 package slab
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/vfs"
 )
 
 const (
@@ -46,8 +50,9 @@ type Engine struct {
 	epoch    uint32
 	unclean  bool // the previous run did not stop cleanly
 
-	lockFd  int
-	tblFd   int
+	fs      vfs.FS
+	lock    io.Closer
+	tbl     vfs.File
 	tblSync *groupSync
 	bufs    *bufPool
 
@@ -94,7 +99,7 @@ type class struct {
 
 type extent struct {
 	idx        int
-	fd         int
+	f          vfs.File
 	class      int // -1 while in the pool
 	slotSize   int64
 	slots      []slot
@@ -146,8 +151,7 @@ func Open(cfg Config) (*Engine, error) {
 		maxSlots:  cfg.ExtentBytes / blockSize,
 		high:      int64(cfg.HighWatermark * float64(cfg.CapacityBytes)),
 		low:       int64(cfg.LowWatermark * float64(cfg.CapacityBytes)),
-		lockFd:    -1,
-		tblFd:     -1,
+		fs:        cfg.FS,
 		releaseCh: make(chan struct{}),
 	}
 	for _, size := range SizeClasses(cfg.MaxValueBytes) {
@@ -165,17 +169,17 @@ func Open(cfg Config) (*Engine, error) {
 
 func (e *Engine) open() error {
 	dir := e.cfg.Dir
-	if err := os.MkdirAll(filepath.Join(dir, extentsDir), 0o700); err != nil {
+	if err := e.fs.MkdirAll(filepath.Join(dir, extentsDir), 0o700); err != nil {
 		return err
 	}
-	fd, err := lockFile(filepath.Join(dir, lockName))
+	lock, err := e.fs.Lock(filepath.Join(dir, lockName))
 	if err != nil {
 		return err
 	}
-	e.lockFd = fd
+	e.lock = lock
 
 	want := geometryOf(e.cfg)
-	old, formatted, err := readMeta(dir)
+	old, formatted, err := readMeta(e.fs, dir)
 	if err != nil {
 		return err
 	}
@@ -184,7 +188,7 @@ func (e *Engine) open() error {
 			return fmt.Errorf("existing data has a different geometry: %s; refusing to start "+
 				"(reuse the original settings or point to an empty directory)", d)
 		}
-	} else if _, err := os.Stat(filepath.Join(dir, tableName)); err == nil {
+	} else if _, err := e.fs.Stat(filepath.Join(dir, tableName)); err == nil {
 		return fmt.Errorf("%s exists without %s; refusing to format over unknown data", tableName, metaName)
 	}
 	e.unclean = formatted && !old.Clean
@@ -193,7 +197,7 @@ func (e *Engine) open() error {
 	m.Epoch, m.Clean = e.epoch, false
 	// The marker goes down before anything else is touched: from here on a crash is
 	// detected at the next Open.
-	if err := writeMeta(dir, m); err != nil {
+	if err := writeMeta(e.fs, dir, m); err != nil {
 		return fmt.Errorf("write %s: %w", metaName, err)
 	}
 	if n := e.cfg.extentCount(); n < 2*len(e.classes) {
@@ -207,18 +211,18 @@ func (e *Engine) open() error {
 	if err := e.openExtents(); err != nil {
 		return err
 	}
-	tfd, err := unix.Open(filepath.Join(dir, tableName), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	tbl, err := e.fs.OpenFile(filepath.Join(dir, tableName), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", tableName, err)
 	}
-	e.tblFd = tfd
-	e.tblSync = newGroupSync(func() error { return fdatasync(tfd) })
+	e.tbl = tbl
+	e.tblSync = newGroupSync(tbl.Datasync)
 	if e.unclean && e.cfg.ColdStartAfterCrash {
-		if err := unix.Ftruncate(tfd, 0); err != nil {
+		if err := tbl.Truncate(0); err != nil {
 			return fmt.Errorf("cold start: truncate %s: %w", tableName, err)
 		}
 	}
-	if err := syncDir(dir); err != nil {
+	if err := e.fs.SyncDir(dir); err != nil {
 		return err
 	}
 	e.bufs = newBufPool(e.cfg.BufferPoolBytes)
@@ -238,9 +242,9 @@ func (e *Engine) openExtents() error {
 	e.extents = make([]*extent, n)
 	for i := range n {
 		path := filepath.Join(e.cfg.Dir, extentsDir, fmt.Sprintf("%06d", i))
-		fd, err := openDirect(path, false)
+		f, err := e.fs.OpenDirect(path, false)
 		if errors.Is(err, os.ErrNotExist) {
-			fd, err = openDirect(path, true)
+			f, err = e.fs.OpenDirect(path, true)
 		}
 		if err != nil {
 			if errors.Is(err, unix.EINVAL) {
@@ -248,19 +252,19 @@ func (e *Engine) openExtents() error {
 			}
 			return err
 		}
-		ext := &extent{idx: i, fd: fd, class: -1}
+		ext := &extent{idx: i, f: f, class: -1}
 		e.extents[i] = ext
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
+		st, err := f.Stat()
+		if err != nil {
 			return fmt.Errorf("stat extent %d: %w", i, err)
 		}
-		if st.Size < e.cfg.ExtentBytes || st.Blocks*512 < e.cfg.ExtentBytes {
-			if err := preallocate(fd, e.cfg.ExtentBytes); err != nil {
+		if st.Size < e.cfg.ExtentBytes || st.AllocatedBytes < e.cfg.ExtentBytes {
+			if err := f.Allocate(e.cfg.ExtentBytes); err != nil {
 				return fmt.Errorf("preallocate extent %d (%d bytes): %w", i, e.cfg.ExtentBytes, ioErr(err))
 			}
 		}
 	}
-	return syncDir(filepath.Join(e.cfg.Dir, extentsDir))
+	return e.fs.SyncDir(filepath.Join(e.cfg.Dir, extentsDir))
 }
 
 // Close waits for in-flight operations, marks the directory clean and releases
@@ -276,13 +280,13 @@ func (e *Engine) Close() error {
 		time.Sleep(time.Millisecond)
 	}
 	var errs []error
-	if err := fdatasync(e.tblFd); err != nil {
+	if err := e.tbl.Datasync(); err != nil {
 		errs = append(errs, fmt.Errorf("sync %s: %w", tableName, err))
 	}
 	if len(errs) == 0 {
 		m := geometryOf(e.cfg)
 		m.Epoch, m.Clean = e.epoch, true
-		if err := writeMeta(e.cfg.Dir, m); err != nil {
+		if err := writeMeta(e.fs, e.cfg.Dir, m); err != nil {
 			errs = append(errs, fmt.Errorf("write %s: %w", metaName, err))
 		}
 	}
@@ -296,18 +300,18 @@ func (e *Engine) Close() error {
 // closeFiles releases descriptors and buffers without touching the clean marker.
 func (e *Engine) closeFiles() {
 	for _, ext := range e.extents {
-		if ext != nil && ext.fd >= 0 {
-			unix.Close(ext.fd)
-			ext.fd = -1
+		if ext != nil && ext.f != nil {
+			ext.f.Close()
+			ext.f = nil
 		}
 	}
-	if e.tblFd >= 0 {
-		unix.Close(e.tblFd)
-		e.tblFd = -1
+	if e.tbl != nil {
+		e.tbl.Close()
+		e.tbl = nil
 	}
-	if e.lockFd >= 0 {
-		unix.Close(e.lockFd)
-		e.lockFd = -1
+	if e.lock != nil {
+		e.lock.Close()
+		e.lock = nil
 	}
 	if e.bufs != nil {
 		e.bufs.close()

@@ -1,10 +1,15 @@
+//go:build linux
+
 package slab
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -233,16 +238,34 @@ func TestCorruptRecordIgnored(t *testing.T) {
 	for i := range 3 {
 		mustPut(t, e, testKey(i), testValue(i, 20000))
 	}
-	ext, off, _, _ := e.slotOf(testKey(1))
-	addr := int64(ext)*e.maxSlots + off/e.extents[ext].slotSize
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
+	}
+	// Find key 1's record by its documented layout (64-byte records, object id hi as u64le at
+	// byte 8), not by the engine's own slot-address formula.
+	tbl, err := os.ReadFile(filepath.Join(cfg.Dir, tableName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hi [8]byte
+	binary.LittleEndian.PutUint64(hi[:], testKey(1).ID.Hi)
+	at := int64(-1)
+	for off := 0; off+64 <= len(tbl); off += 64 {
+		if string(tbl[off:off+4]) == "DFKR" && bytes.Equal(tbl[off+8:off+16], hi[:]) {
+			if at >= 0 {
+				t.Fatal("two records for key 1")
+			}
+			at = int64(off)
+		}
+	}
+	if at < 0 {
+		t.Fatal("no record for key 1 in slots.tbl")
 	}
 	f, err := os.OpenFile(filepath.Join(cfg.Dir, tableName), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteAt([]byte{0xff}, addr*recordSize+30); err != nil { // inside the tenant field
+	if _, err := f.WriteAt([]byte{0xff}, at+30); err != nil { // inside the tenant field
 		t.Fatal(err)
 	}
 	f.Close()
@@ -355,6 +378,23 @@ func TestSizeClasses(t *testing.T) {
 	got := SizeClasses(64 * mib)
 	if got[0] != 4096 || got[len(got)-1] != 64*mib {
 		t.Fatalf("classes span %d..%d", got[0], got[len(got)-1])
+	}
+	// Worked by hand: c' = roundup4k(c + c/4). 4096+1024 -> 8192, 8192+2048 -> 12288,
+	// 12288+3072 -> 16384, 16384+4096 = 20480, 20480+5120 -> 28672, 28672+7168 -> 36864,
+	// 36864+9216 -> 49152, 49152+12288 = 61440, 61440+15360 -> 77824.
+	want := []int64{4096, 8192, 12288, 16384, 20480, 28672, 36864, 49152, 61440, 77824}
+	if !slices.Equal(got[:len(want)], want) {
+		t.Fatalf("first classes = %v, want %v", got[:len(want)], want)
+	}
+	// Series lengths counted by hand from the same rule (docs/DEPLOY.md §5 relies on them).
+	if n := len(SizeClasses(64 * mib)); n != 41 {
+		t.Fatalf("%d classes for 64 MiB, want 41", n)
+	}
+	if n := len(SizeClasses(4 * mib)); n != 28 {
+		t.Fatalf("%d classes for 4 MiB, want 28", n)
+	}
+	if c := SizeClasses(20000); !slices.Equal(c, []int64{4096, 8192, 12288, 16384, 20480}) {
+		t.Fatalf("SizeClasses(20000) = %v", c)
 	}
 	for i := 1; i < len(got); i++ {
 		if got[i]%4096 != 0 || got[i] <= got[i-1] || float64(got[i]) > 2*float64(got[i-1]) {

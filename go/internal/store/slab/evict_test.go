@@ -1,3 +1,5 @@
+//go:build linux
+
 package slab
 
 import (
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/vfs"
 )
 
 func TestEvictionUnderCapacity(t *testing.T) {
@@ -239,14 +242,14 @@ func TestWriteErrorKeepsEngineUsable(t *testing.T) {
 	e := mustOpen(t, cfg)
 	mustPut(t, e, testKey(1), testValue(1, 5000))
 	// Swap every extent descriptor for a read-only one: payload writes fail with EBADF.
-	saved := make([]int, len(e.extents))
+	saved := make([]vfs.File, len(e.extents))
 	for i, ext := range e.extents {
-		f, err := os.Open(filepath.Join(cfg.Dir, extentsDir, fmt.Sprintf("%06d", i)))
+		f, err := vfs.Default.OpenFile(filepath.Join(cfg.Dir, extentsDir, fmt.Sprintf("%06d", i)), os.O_RDONLY, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		saved[i], ext.fd = ext.fd, int(f.Fd())
+		saved[i], ext.f = ext.f, f
 	}
 	err := put(e, testKey(2), testValue(2, 5000))
 	if !errors.Is(err, store.ErrIO) {
@@ -258,7 +261,7 @@ func TestWriteErrorKeepsEngineUsable(t *testing.T) {
 	}
 	mustGet(t, e, testKey(1), testValue(1, 5000)) // reads still work
 	for i, ext := range e.extents {
-		ext.fd = saved[i]
+		ext.f = saved[i]
 	}
 	mustPut(t, e, testKey(2), testValue(2, 5000))
 	mustGet(t, e, testKey(2), testValue(2, 5000))

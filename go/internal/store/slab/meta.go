@@ -1,3 +1,5 @@
+//go:build linux
+
 package slab
 
 import (
@@ -7,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/dfkv/dfkv/go/internal/vfs"
 )
 
 const (
@@ -72,8 +76,8 @@ func geometryDiff(disk, want meta) string {
 }
 
 // readMeta returns the superblock, or ok=false when the directory has never been formatted.
-func readMeta(dir string) (m meta, ok bool, err error) {
-	raw, err := os.ReadFile(filepath.Join(dir, metaName))
+func readMeta(fs vfs.FS, dir string) (m meta, ok bool, err error) {
+	raw, err := fs.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, os.ErrNotExist) {
 		return meta{}, false, nil
 	}
@@ -88,13 +92,13 @@ func readMeta(dir string) (m meta, ok bool, err error) {
 
 // writeMeta replaces the superblock atomically and durably (temp file, fsync, rename,
 // directory fsync), so a crash leaves either the old or the new version.
-func writeMeta(dir string, m meta) error {
+func writeMeta(fs vfs.FS, dir string, m meta) error {
 	raw, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err
 	}
 	tmp := filepath.Join(dir, metaName+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
@@ -109,8 +113,8 @@ func writeMeta(dir string, m meta) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, metaName)); err != nil {
+	if err := fs.Rename(tmp, filepath.Join(dir, metaName)); err != nil {
 		return err
 	}
-	return syncDir(dir)
+	return fs.SyncDir(dir)
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 package slab
 
 import (
@@ -69,7 +71,7 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 		return fmt.Errorf("slab: put %s (%d bytes): %w", key.ID, size, err)
 	}
 	ext := s.ext
-	if err := pwriteFull(ext.fd, buf[:n], int64(s.idx)*cs); err != nil {
+	if err := writeAt(ext.f, buf[:n], int64(s.idx)*cs); err != nil {
 		e.nIO.Add(1)
 		e.unreserve(s) // no record points at the slot, so it is free again at once
 		_ = e.retire(evicted)
@@ -203,7 +205,7 @@ func (e *Engine) readPinned(key store.Key, s *slot, buf []byte) (int, error) {
 	ext := s.ext
 	length, crc := int64(s.length), s.crc
 	n := alignUp(length)
-	if err := preadFull(ext.fd, buf[:n], int64(s.idx)*ext.slotSize); err != nil {
+	if err := readAt(ext.f, buf[:n], int64(s.idx)*ext.slotSize); err != nil {
 		e.nIO.Add(1)
 		return 0, fmt.Errorf("slab: get %s: read extent %d slot %d: %w", key.ID, ext.idx, s.idx, ioErr(err))
 	}
@@ -293,7 +295,7 @@ func (e *Engine) unpin(s *slot) {
 func (e *Engine) writeRecord(r *record) error {
 	var b [recordSize]byte
 	r.encode(b[:])
-	if err := pwriteFull(e.tblFd, b[:], int64(r.Address)*recordSize); err != nil {
+	if err := writeAt(e.tbl, b[:], int64(r.Address)*recordSize); err != nil {
 		return ioErr(err)
 	}
 	return e.commitTable()
@@ -337,7 +339,7 @@ func (e *Engine) writeTombstones(victims, ok []*slot) ([]*slot, error) {
 		r := record{State: stateTombstone, Class: uint16(s.ext.class), Key: s.key,
 			Seq: e.seq.Add(1), Address: e.address(s), Epoch: e.epoch}
 		r.encode(b[:])
-		if err := pwriteFull(e.tblFd, b[:], int64(r.Address)*recordSize); err != nil {
+		if err := writeAt(e.tbl, b[:], int64(r.Address)*recordSize); err != nil {
 			e.nIO.Add(1)
 			e.quarantine(s)
 			if firstErr == nil {

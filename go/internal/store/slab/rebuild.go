@@ -1,10 +1,8 @@
+//go:build linux
+
 package slab
 
-import (
-	"fmt"
-
-	"golang.org/x/sys/unix"
-)
+import "fmt"
 
 // rebuildChunk is the size of one sequential table read at Open.
 const rebuildChunk = 8 << 20
@@ -20,8 +18,8 @@ type rebuildStats struct {
 // extent-major, so each extent's records are complete when the address moves past it.
 func (e *Engine) rebuild() (rebuildStats, error) {
 	var st rebuildStats
-	var fst unix.Stat_t
-	if err := unix.Fstat(e.tblFd, &fst); err != nil {
+	fst, err := e.tbl.Stat()
+	if err != nil {
 		return st, err
 	}
 	size := fst.Size - fst.Size%recordSize
@@ -38,7 +36,7 @@ func (e *Engine) rebuild() (rebuildStats, error) {
 		}
 		recs = recs[:0]
 	}
-	for _, seg := range dataSegments(e.tblFd, size) {
+	for _, seg := range e.tbl.DataSegments(size) {
 		start := seg[0] - seg[0]%recordSize
 		for off := start; off < seg[1]; {
 			n := min(int64(len(buf)), seg[1]-off)
@@ -46,7 +44,7 @@ func (e *Engine) rebuild() (rebuildStats, error) {
 			if n == 0 {
 				n = recordSize
 			}
-			if err := preadFull(e.tblFd, buf[:n], off); err != nil {
+			if err := readAt(e.tbl, buf[:n], off); err != nil {
 				return st, fmt.Errorf("read at %d: %w", off, err)
 			}
 			for i := int64(0); i < n; i += recordSize {

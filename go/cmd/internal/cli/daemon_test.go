@@ -1,0 +1,111 @@
+package cli
+
+import (
+	"github.com/dfkv/dfkv/go/internal/metrics"
+
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func TestDataDir(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", "/xdg")
+	if got := DataDir("etcd"); got != "/xdg/dfkv/etcd" {
+		t.Fatalf("with XDG_DATA_HOME: %s", got)
+	}
+	t.Setenv("XDG_DATA_HOME", "")
+	t.Setenv("HOME", "/home/u")
+	if got := DataDir("data"); got != "/home/u/.local/share/dfkv/data" {
+		t.Fatalf("with HOME: %s", got)
+	}
+}
+
+func TestNewRegistryBuildInfo(t *testing.T) {
+	reg := NewRegistry("dfkv_test_build_info", "test", "engine", "slab")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "dfkv_test_build_info" {
+			continue
+		}
+		labels := map[string]string{}
+		for _, l := range mf.GetMetric()[0].GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["engine"] != "slab" || labels["version"] == "" || mf.GetMetric()[0].GetGauge().GetValue() != 1 {
+			t.Fatalf("build info %v", labels)
+		}
+		return
+	}
+	t.Fatal("no build info family")
+}
+
+func TestWriteAddrFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "addr")
+	if err := WriteAddrFile(p, "127.0.0.1:1234"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "127.0.0.1:1234\n" {
+		t.Fatalf("addr file %q", b)
+	}
+	if _, err := os.Stat(p + ".tmp"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("temp file left behind")
+	}
+	if err := WriteAddrFile(filepath.Join(t.TempDir(), "missing", "addr"), "x"); err == nil || !strings.Contains(err.Error(), "--addr-file") {
+		t.Fatalf("unwritable path: %v", err)
+	}
+	if err := WriteAddrFile("", "x"); err != nil {
+		t.Fatalf("empty path: %v", err)
+	}
+}
+
+func TestStartMetricsOff(t *testing.T) {
+	h, err := StartMetrics("127.0.0.1", 0, metrics.HTTPConfig{Gatherer: NewRegistry("dfkv_x_build_info", "x"), Logger: quiet})
+	if err != nil || h != nil {
+		t.Fatalf("port 0: %v, %v", h, err)
+	}
+}
+
+func TestWaitForStop(t *testing.T) {
+	boom := errors.New("listener died")
+	ch := make(chan error, 1)
+	ch <- boom
+	if err := WaitForStop(quiet, map[string]<-chan error{"listener": ch, "unused": nil}); err != boom {
+		t.Fatalf("failure: %v", err)
+	}
+	// A signal ends the wait with nil. The test holds its own SIGINT subscription, so a
+	// signal sent before WaitForStop subscribes cannot kill the test binary; it is resent
+	// until the wait returns.
+	guard := make(chan os.Signal, 16)
+	signal.Notify(guard, syscall.SIGINT)
+	defer signal.Stop(guard)
+	done := make(chan error, 1)
+	go func() { done <- WaitForStop(quiet, map[string]<-chan error{"listener": make(chan error)}) }()
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("signal: %v", err)
+			}
+			return
+		case <-tick.C:
+			syscall.Kill(os.Getpid(), syscall.SIGINT)
+		case <-deadline:
+			t.Fatal("WaitForStop ignored SIGINT")
+		}
+	}
+}

@@ -1,0 +1,181 @@
+package ring
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// sampleOwners routes n pseudo-random positions and counts owners by id.
+func sampleOwners(r *Ring, n int, seed uint64) map[string]int {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	out := map[string]int{}
+	for range n {
+		_, id := r.Owner(rng.Uint64())
+		out[id]++
+	}
+	return out
+}
+
+func mustNew(t *testing.T, nodes []Node) *Ring {
+	t.Helper()
+	r, err := New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// The tolerance this package promises: with PointsPerWeight = 160, every node's share of
+// keys is within 25% (relative) of weight/total for rings of up to 16 nodes and weights up
+// to 8. Measured by routing keys, not by Shares (which uses the same points).
+func TestWeightedShares(t *testing.T) {
+	const tolerance = 0.25
+	tests := []struct {
+		name    string
+		weights []uint32
+	}{
+		{"three equal", []uint32{1, 1, 1}},
+		{"one double", []uint32{1, 2, 1}},
+		{"steep", []uint32{1, 8}},
+		{"sixteen mixed", []uint32{1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4}},
+		{"eight equal", []uint32{1, 1, 1, 1, 1, 1, 1, 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var nodes []Node
+			total := 0.0
+			for i, w := range tc.weights {
+				nodes = append(nodes, Node{ID: fmt.Sprintf("node-%02d", i), Weight: w})
+				total += float64(w)
+			}
+			r := mustNew(t, nodes)
+			const n = 400_000
+			counts := sampleOwners(r, n, 7)
+			shares := r.Shares()
+			sum := 0.0
+			for _, nd := range nodes {
+				want := float64(nd.Weight) / total
+				got := float64(counts[nd.ID]) / n
+				if dev := math.Abs(got/want - 1); dev > tolerance {
+					t.Errorf("%s (weight %d): %.4f of keys, want %.4f ±%.0f%% (off by %.1f%%)",
+						nd.ID, nd.Weight, got, want, tolerance*100, dev*100)
+				}
+				// Shares describes the same ring: it must agree with routing up to sampling
+				// noise (400k samples: a few tenths of a percent).
+				if math.Abs(shares[nd.ID]-got) > 0.01 {
+					t.Errorf("%s: Shares says %.4f, routing gives %.4f", nd.ID, shares[nd.ID], got)
+				}
+				sum += shares[nd.ID]
+			}
+			if math.Abs(sum-1) > 1e-9 {
+				t.Errorf("shares sum to %v", sum)
+			}
+		})
+	}
+}
+
+// Adding a node moves keys only onto the new node, and about 1/(N+1) of them; removing one
+// moves only the removed node's keys. These are exact properties of consistent hashing.
+func TestMinimalMovement(t *testing.T) {
+	base := []Node{{"a", 1}, {"b", 1}, {"c", 2}, {"d", 1}}
+	grown := append(append([]Node(nil), base...), Node{"e", 1})
+	r1, r2 := mustNew(t, base), mustNew(t, grown)
+	rng := rand.New(rand.NewPCG(1, 2))
+	const n = 200_000
+	moved := 0
+	for range n {
+		h := rng.Uint64()
+		_, before := r1.Owner(h)
+		_, after := r2.Owner(h)
+		if before == after {
+			continue
+		}
+		moved++
+		if after != "e" {
+			t.Fatalf("adding e moved a key from %s to %s", before, after)
+		}
+	}
+	// e has weight 1 of 6: expect ~1/6 of the keys, within the share tolerance.
+	if frac := float64(moved) / n; math.Abs(frac/(1.0/6)-1) > 0.25 {
+		t.Fatalf("adding one node of weight 1 (of 6) moved %.3f of the keys, want ~%.3f", frac, 1.0/6)
+	}
+
+	// Removing b: only b's keys move, and each lands on a surviving node.
+	shrunk := []Node{{"a", 1}, {"c", 2}, {"d", 1}}
+	r3 := mustNew(t, shrunk)
+	for range n {
+		h := rng.Uint64()
+		_, before := r1.Owner(h)
+		_, after := r3.Owner(h)
+		if before != "b" && before != after {
+			t.Fatalf("removing b moved a key from %s to %s", before, after)
+		}
+		if after == "b" {
+			t.Fatal("a removed node still owns a key")
+		}
+	}
+	// Raising a weight only moves keys onto that node.
+	heavier := []Node{{"a", 1}, {"b", 3}, {"c", 2}, {"d", 1}}
+	r4 := mustNew(t, heavier)
+	for range n {
+		h := rng.Uint64()
+		_, before := r1.Owner(h)
+		_, after := r4.Owner(h)
+		if before != after && after != "b" {
+			t.Fatalf("raising b's weight moved a key from %s to %s", before, after)
+		}
+	}
+}
+
+func TestDeterministicAndOrderFree(t *testing.T) {
+	a := mustNew(t, []Node{{"x", 1}, {"y", 2}, {"z", 1}})
+	b := mustNew(t, []Node{{"z", 1}, {"x", 1}, {"y", 2}})
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 10_000 {
+		h := rng.Uint64()
+		i1, id1 := a.Owner(h)
+		i2, id2 := b.Owner(h)
+		if id1 != id2 || i1 != i2 {
+			t.Fatalf("owner of %x: %s/%d vs %s/%d", h, id1, i1, id2, i2)
+		}
+	}
+	// Wrap-around: the largest position belongs to the owner of the first point.
+	_, top := a.Owner(math.MaxUint64)
+	_, zero := a.Owner(0)
+	if top != zero {
+		t.Fatalf("Owner(max)=%s, Owner(0)=%s: positions past the last point must wrap", top, zero)
+	}
+	if got := a.Nodes(); got[0].ID != "x" || got[1].ID != "y" || got[2].ID != "z" || a.Len() != 3 {
+		t.Fatalf("Nodes = %v", got)
+	}
+}
+
+func TestNewRejects(t *testing.T) {
+	tests := []struct {
+		name  string
+		nodes []Node
+		want  string
+	}{
+		{"empty id", []Node{{"", 1}}, "empty node id"},
+		{"duplicate", []Node{{"a", 1}, {"a", 2}}, "duplicate"},
+		{"zero weight", []Node{{"a", 0}}, "out of range"},
+		{"huge weight", []Node{{"a", MaxWeight + 1}}, "out of range"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(tc.nodes); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New = %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+	r := mustNew(t, nil)
+	if i, id := r.Owner(42); i != -1 || id != "" {
+		t.Fatalf("empty ring Owner = %d %q", i, id)
+	}
+	if len(r.Shares()) != 0 {
+		t.Fatal("empty ring has shares")
+	}
+}
