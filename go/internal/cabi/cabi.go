@@ -134,6 +134,10 @@ func open(o *Options) (*Handle, error) {
 	copts := client.Options{
 		Membership: ms, Namespace: o.Namespace, Tenant: []byte(os.Getenv("DFKV_TENANT")),
 		BatchConcurrency: int(o.BatchConcurrency),
+		// C callers enter from their own threads: blocking I/O on that thread beats a
+		// netpoller handoff per partial read (docs/BENCHMARKS.md, "C ABI").
+		// DFKV_BLOCKING_IO=0 keeps the netpoller path (for side-by-side measurements).
+		BlockingIO: os.Getenv("DFKV_BLOCKING_IO") != "0",
 	}
 	if err := applyTimeoutEnv(&copts); err != nil {
 		ms.Close()
