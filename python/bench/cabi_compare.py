@@ -114,17 +114,25 @@ class Memcached:
             raise ConnectionError("memcached: multi-get without END")
         return hits
 
+    def _sendmsg_all(self, views) -> None:
+        """Gathered send of every view (sendmsg; a short send resumes where it stopped)."""
+        while views:
+            n = self.s.sendmsg(views[:512])  # IOV_MAX is 1024
+            while n:
+                if n >= len(views[0]):
+                    n -= len(views[0])
+                    views = views[1:]
+                else:
+                    views[0] = views[0][n:]
+                    n = 0
+
     def set_many(self, keys, seg_lists) -> None:
         parts = []
         for k, segs in zip(keys, seg_lists):
             parts.append(b"set %s 0 0 %d\r\n" % (k, sum(len(s) for s in segs)))
             parts.extend(segs)
             parts.append(b"\r\n")
-        for i in range(0, len(parts), 512):  # IOV_MAX 1024
-            chunk = parts[i:i + 512]
-            sent, want = self.s.sendmsg(chunk), sum(len(p) for p in chunk)
-            if sent != want:  # a short sendmsg: finish the rest plainly
-                self.s.sendall(b"".join(bytes(p) for p in chunk)[sent:])
+        self._sendmsg_all([memoryview(p).cast("B") for p in parts])
         for _ in keys:
             if self.r.readline() != b"STORED\r\n":
                 raise ConnectionError("memcached: set not STORED")

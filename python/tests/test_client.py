@@ -169,6 +169,24 @@ def test_exact_size_get_vs_get_auto(client):
     assert client.get_auto(b"k", bytearray(10)) == (False, 0)
 
 
+def test_scalar_fast_paths_release_and_match_general_path(client):
+    # bytes key + bytearray buffer / bytes value take the binding's fast path; the result
+    # must equal the general (pinned-buffer) path's, and the export must not outlive the call.
+    v = payload(70000, 3)
+    assert client.put(b"fast", v)                          # bytes/bytes: fast path
+    assert client.put(b"slow", memoryview(v))              # general path
+    for key in (b"fast", b"slow", bytearray(b"fast")):   # bytearray key: general path
+        buf = bytearray(len(v))
+        assert client.get_into(key, buf) and buf == v, key
+        buf.extend(b"x")                                   # resizable again: no export left
+        assert client.get_into(key, memoryview(bytearray(len(v))))
+    assert client.get_into(b"fast", bytearray()) is False  # empty buffer: a miss, no crash
+    assert client.put(b"fast", b"") is False               # empty value refused
+    assert client.get(b"fast", len(v)) == v                # ...and the old value kept
+    with pytest.raises(DfkvError):
+        client.get_into(b"fast", bytes(len(v)))            # read-only target still refused
+
+
 def test_miss_is_not_an_exception(client):
     assert client.get(b"nope", 10) is None
     assert client.get_into(b"nope", bytearray(10)) is False
