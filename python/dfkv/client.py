@@ -403,6 +403,7 @@ class Client:
             self._release()
 
     def remove(self, key: Any) -> bool:
+        """True when the owner confirmed the key is gone (removed now or already absent)."""
         h = self._acquire()
         try:
             with self._pins() as p:
@@ -638,6 +639,14 @@ class Client:
         else:
             p.release()
         return ok
+
+    def last_error(self) -> str:
+        """Why this thread's most recent failed call on this client failed (a miss included),
+        "" if none or once closed (``dfkv_last_error``)."""
+        h = self._h
+        if h is None:
+            return ""
+        return (self._lib.dfkv_last_error(h) or b"").decode("utf-8", "replace")
 
     @property
     def transport_mode(self) -> str:
