@@ -173,7 +173,8 @@ def main() -> int:
     ap.add_argument("--segs", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--warmup", type=float, default=0.5)
-    ap.add_argument("--seed", action="store_true", help="store every key first")
+    ap.add_argument("--seed", action="store_true", help="store every key first, then read each back once")
+    ap.add_argument("--seed-only", action="store_true", help="--seed, then exit without measuring")
     ap.add_argument("--ns", default="cabi")
     ap.add_argument("--server-pid", type=int, default=0, help="report this server's CPU per GB too")
     ap.add_argument("--timeout", type=float, default=10.0, help="socket timeout (memcached_py)")
@@ -193,7 +194,7 @@ def main() -> int:
     def new_conn():
         return Memcached(a.addr, a.timeout) if a.system == "memcached_py" else None
 
-    if a.seed:
+    if a.seed or a.seed_only:
         vals = [make_value(a.size, i) for i in range(min(a.keys, 64))]
         mc = new_conn()
         step = 16
@@ -210,8 +211,22 @@ def main() -> int:
                     return 1
             else:
                 mc.set_many(ks, [[v] for v in vs])
+        # Read every key back once: checks the seed, and a value the server stored without
+        # keeping it in RAM (dfkv's tier declines to publish a value whose stripe saw an
+        # overlapping write) is promoted now rather than during the measurement.
+        buf = bytearray(a.size)
+        for i in range(a.keys):
+            ok = mc.get_into(key_of(prefix, i), buf) if mc else dc.get_into(key_of(prefix, i), buf)
+            if not ok or not stamp_ok(buf, i):
+                print("seed read-back of key %d failed" % i, file=sys.stderr)
+                return 1
         if mc:
             mc.close()
+        if a.seed_only:
+            if dc is not None:
+                dc.close()
+            print(json.dumps({"system": a.system, "seeded": a.keys, "size": a.size}), flush=True)
+            return 0
 
     phase = [0]  # 0 warm-up, 1 measuring, 2 stop
     stats = []
