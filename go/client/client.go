@@ -44,6 +44,13 @@ type Options struct {
 	TLS *tls.Config
 	// Token is the tenant token sent in HELLO to nodes that run with --auth-tokens.
 	Token string
+	// BlockingIO does each request's socket I/O as blocking system calls on the calling
+	// thread, reading values straight into the caller's buffers (recvmsg, MSG_WAITALL),
+	// instead of through the Go netpoller. It is for callers that enter Go from foreign
+	// threads (the C ABI), where every netpoller wait costs a thread handoff; Go callers
+	// are better served by the netpoller. Linux, kernel-socket transports only (others
+	// ignore it). Deadlines, retries and the cool-down behave the same.
+	BlockingIO bool
 }
 
 // Client is safe for concurrent use.
@@ -331,6 +338,9 @@ func (c *Client) get(key []byte, segs [][]byte, flags uint8, off, length uint64,
 
 // readSegs reads n payload bytes straight into segs in order.
 func readSegs(pc *pconn, segs [][]byte, n uint64) error {
+	if pc.fd != nil {
+		return pc.readSegsDirect(segs, n)
+	}
 	for _, s := range segs {
 		if n == 0 {
 			break
@@ -345,6 +355,34 @@ func readSegs(pc *pconn, segs [][]byte, n uint64) error {
 		return fmt.Errorf("%w: payload longer than buffers", ErrProtocol)
 	}
 	return nil
+}
+
+// readSegsDirect is readSegs for blocking I/O: what the buffered reader already holds is
+// copied, the rest arrives by one vectored read into the segments.
+func (pc *pconn) readSegsDirect(segs [][]byte, n uint64) error {
+	pc.bufs = pc.bufs[:0]
+	for _, s := range segs {
+		if n == 0 {
+			break
+		}
+		k := min(uint64(len(s)), n)
+		s = s[:k]
+		n -= k
+		if b := pc.br.Buffered(); b > 0 {
+			m, _ := pc.br.Read(s[:min(len(s), b)]) // never blocks: the bytes are buffered
+			s = s[m:]
+		}
+		if len(s) > 0 {
+			pc.bufs = append(pc.bufs, s)
+		}
+	}
+	if n != 0 {
+		clear(pc.bufs)
+		return fmt.Errorf("%w: payload longer than buffers", ErrProtocol)
+	}
+	err := pc.fd.readv(pc.bufs)
+	clear(pc.bufs)
+	return err
 }
 
 // Exist returns the stored length of key's value, or ErrNotFound.

@@ -68,6 +68,12 @@ func TestParseMembers(t *testing.T) {
 // first call and instantly during the cool-down, the others keep working, and when it comes
 // back it is used again without reopening the client.
 func TestDeadPeerCooldownAndRejoin(t *testing.T) {
+	for _, blocking := range []bool{false, true} {
+		t.Run(fmt.Sprintf("BlockingIO=%v", blocking), func(t *testing.T) { testDeadPeerCooldownAndRejoin(t, blocking) })
+	}
+}
+
+func testDeadPeerCooldownAndRejoin(t *testing.T, blocking bool) {
 	var nodes []*testNode
 	var members []client.Member
 	for i := 0; i < 3; i++ {
@@ -78,7 +84,8 @@ func TestDeadPeerCooldownAndRejoin(t *testing.T) {
 	ms, _ := client.NewStatic(members)
 	const ioTimeout = 300 * time.Millisecond
 	const cooldown = 700 * time.Millisecond
-	c, err := client.New(client.Options{Membership: ms, IOTimeout: ioTimeout, ConnectTimeout: ioTimeout, Cooldown: cooldown})
+	c, err := client.New(client.Options{Membership: ms, IOTimeout: ioTimeout, ConnectTimeout: ioTimeout, Cooldown: cooldown,
+		BlockingIO: blocking})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,9 +168,15 @@ func TestDeadPeerCooldownAndRejoin(t *testing.T) {
 
 // A pooled connection the server closed while idle is replayed once on a fresh one.
 func TestStalePooledConnectionRetried(t *testing.T) {
+	for _, blocking := range []bool{false, true} {
+		t.Run(fmt.Sprintf("BlockingIO=%v", blocking), func(t *testing.T) { testStalePooledConnectionRetried(t, blocking) })
+	}
+}
+
+func testStalePooledConnectionRetried(t *testing.T, blocking bool) {
 	n := startOn(t, "127.0.0.1:0", store.NewMem(1<<20), server.Config{IdleTimeout: 100 * time.Millisecond})
 	ms, _ := client.NewStatic([]client.Member{{ID: "n", Addr: n.addr, Weight: 1}})
-	c, _ := client.New(client.Options{Membership: ms})
+	c, _ := client.New(client.Options{Membership: ms, BlockingIO: blocking})
 	defer c.Close()
 	if err := c.Put([]byte("k"), []byte("v")); err != nil {
 		t.Fatal(err)

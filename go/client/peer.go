@@ -32,9 +32,17 @@ func newPeer(c *Client, addr string) *peer {
 	return &peer{c: c, addr: addr, idle: make(chan *pconn, c.opts.PoolSize)}
 }
 
+// stream is what a pooled connection needs of its transport: a net.Conn, or an fdConn
+// doing blocking I/O on the caller's thread (Options.BlockingIO).
+type stream interface {
+	io.ReadWriteCloser
+	SetDeadline(time.Time) error
+}
+
 // pconn is one pooled connection.
 type pconn struct {
-	nc      net.Conn
+	nc      stream
+	fd      *fdConn // nc when it is blocking I/O; nil on the netpoller path
 	br      *bufio.Reader
 	hdr     [wire.RequestSize]byte
 	scratch []byte
@@ -104,9 +112,26 @@ func (p *peer) dial() (*pconn, error) {
 		return nil, fmt.Errorf("dfkv: connect %s: %w: %v", p.addr, ErrUnavailable, err)
 	}
 	p.c.m.dials.Inc()
-	pc := &pconn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	pc := &pconn{nc: nc}
+	if p.c.opts.BlockingIO {
+		fc, err := blockingConn(nc)
+		if err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("dfkv: connect %s: %w: %v", p.addr, ErrUnavailable, err)
+		}
+		if fc != nil {
+			pc.nc, pc.fd = fc, fc
+		}
+	}
+	if pc.fd != nil {
+		// Small: a reply header and a small value arrive in one recv, while most of a large
+		// value bypasses it (readSegsDirect) instead of being copied through it.
+		pc.br = bufio.NewReaderSize(pc.nc, 16<<10)
+	} else {
+		pc.br = bufio.NewReaderSize(pc.nc, 64<<10)
+	}
 	if err := pc.hello(p); err != nil {
-		nc.Close()
+		pc.nc.Close()
 		return nil, err
 	}
 	return pc, nil
@@ -170,6 +195,13 @@ func (p *peer) put(pc *pconn) {
 // send writes a request prefix followed by payload segments in one writev.
 func (pc *pconn) send(r *wire.Request, payload ...[]byte) error {
 	r.Encode(pc.hdr[:])
+	if pc.fd != nil {
+		pc.bufs = append(pc.bufs[:0], pc.hdr[:])
+		pc.bufs = append(pc.bufs, payload...)
+		err := pc.fd.writev(pc.bufs)
+		clear(pc.bufs)
+		return err
+	}
 	if len(payload) == 0 {
 		_, err := pc.nc.Write(pc.hdr[:])
 		return err

@@ -359,8 +359,8 @@ func runMDSScenario(t *testing.T, c *cluster) {
 	val := func(i int) []byte { return value(string(key(i)), 0, 1024+i) }
 	owner := map[int]string{}
 	for i := 0; i < N; i++ {
-		if hd.Put(key(i), val(i)) != 0 {
-			t.Fatalf("put %d failed", i)
+		if rc, err := hd.Put(key(i), val(i)); rc != 0 {
+			t.Fatalf("put %d failed: %v", i, err)
 		}
 		m, _ := gc.View().Owner(gc.ID(key(i)).Hi)
 		owner[i] = m.ID
@@ -372,7 +372,7 @@ func runMDSScenario(t *testing.T, c *cluster) {
 		buf := make([]byte, 4096)
 		for i := 0; i < N; i++ {
 			t0 := time.Now()
-			ok, n := hd.GetAuto(key(i), buf)
+			ok, n, _ := hd.GetAuto(key(i), buf)
 			if d := time.Since(t0); d > 2*time.Second {
 				t.Fatalf("%s: get %d took %v", what, i, d)
 			}
@@ -443,8 +443,8 @@ func runMDSScenario(t *testing.T, c *cluster) {
 		t.Errorf("failover took %v (one poll is %v)", seen, mdsPoll)
 	}
 	for i := 0; i < N; i++ { // rewrite: n4 now owns part of the keys
-		if hd.Put(key(i), val(i)) != 0 {
-			t.Fatalf("put %d after MDS failover", i)
+		if rc, err := hd.Put(key(i), val(i)); rc != 0 {
+			t.Fatalf("put %d after MDS failover: %v", i, err)
 		}
 		m, _ := gc.View().Owner(gc.ID(key(i)).Hi)
 		owner[i] = m.ID

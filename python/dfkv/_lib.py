@@ -116,6 +116,7 @@ _PROTOTYPES = {
     "dfkv_transport_mode": (c_char_p, [c_void_p]),
     "dfkv_stats_snapshot": (c_uint64, [c_void_p, c_char_p, c_uint64]),
     "dfkv_version": (c_char_p, []),
+    "dfkv_last_error": (c_char_p, [c_void_p]),
 }
 
 _lock = threading.Lock()

@@ -21,7 +21,7 @@ import numbers
 import os
 import threading
 from collections.abc import Mapping
-from ctypes import byref, c_int, c_uint32, c_uint64, c_void_p
+from ctypes import addressof, byref, c_int, c_ubyte, c_uint32, c_uint64, c_void_p
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _lib, identity
@@ -37,6 +37,7 @@ MAX_VALUE_SIZE = 64 << 20
 _I32_MAX = (1 << 31) - 1
 _U64_MAX = (1 << 64) - 1
 _VP = ctypes.POINTER(c_void_p)
+_UBYTE = c_ubyte
 _U64P = ctypes.POINTER(c_uint64)
 
 Members = Union[str, Mapping, Iterable[Any], None]
@@ -215,7 +216,10 @@ class Client:
         batch_concurrency: int = 0,
     ):
         self._h: Optional[int] = None  # set last, so __del__ of a half-built client is a no-op
-        self._cv = threading.Condition(threading.Lock())
+        # A plain Lock on the per-call path (a Condition's context manager is Python code);
+        # the Condition over the same lock is only for close() waiting on calls in flight.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self._inflight = 0
         self._registered: List[Pins] = []
         self._namespace = _namespace_bytes(namespace)
@@ -296,7 +300,7 @@ class Client:
                 f"this client was opened in process {self._pid}, before fork(); open a new "
                 "client in the child"
             )
-        with self._cv:
+        with self._lock:
             h = self._h
             if h is None:
                 raise DfkvError("client is closed")
@@ -304,9 +308,9 @@ class Client:
             return h
 
     def _release(self) -> None:
-        with self._cv:
+        with self._lock:
             self._inflight -= 1
-            if not self._inflight:
+            if not self._inflight and self._h is None:
                 self._cv.notify_all()
 
     def _pins(self) -> Pins:
@@ -316,6 +320,14 @@ class Client:
 
     def put(self, key: Any, value: Any) -> bool:
         """Store ``value`` (any buffer; zero-length values are rejected: False)."""
+        if type(key) is bytes and type(value) is bytes:
+            # Fast path (the common engine call): ctypes passes a bytes object's own storage
+            # for a void* argument, so no pinning calls are needed.
+            h = self._acquire()
+            try:
+                return self._lib.dfkv_put(h, key, len(key), value, len(value)) == 0
+            finally:
+                self._release()
         h = self._acquire()
         try:
             with self._pins() as p:
@@ -339,6 +351,16 @@ class Client:
 
     def get_into(self, key: Any, buf: Any) -> bool:
         """Read a value of exactly ``len(buf)`` bytes straight into ``buf``."""
+        if type(key) is bytes and type(buf) is bytearray and buf:
+            # Fast path: from_buffer exports the bytearray (it cannot be resized while `pin`
+            # lives) in one C call; see docs/BENCHMARKS.md "C ABI" for what this saves.
+            pin = _UBYTE.from_buffer(buf)
+            h = self._acquire()
+            try:
+                return self._lib.dfkv_get(h, key, len(key), addressof(pin), len(buf)) == 1
+            finally:
+                self._release()
+                del pin
         h = self._acquire()
         try:
             with self._pins() as p:
@@ -387,6 +409,7 @@ class Client:
             self._release()
 
     def remove(self, key: Any) -> bool:
+        """True when the owner confirmed the key is gone (removed now or already absent)."""
         h = self._acquire()
         try:
             with self._pins() as p:
@@ -622,6 +645,14 @@ class Client:
         else:
             p.release()
         return ok
+
+    def last_error(self) -> str:
+        """Why this thread's most recent failed call on this client failed (a miss included),
+        "" if none or once closed (``dfkv_last_error``)."""
+        h = self._h
+        if h is None:
+            return ""
+        return (self._lib.dfkv_last_error(h) or b"").decode("utf-8", "replace")
 
     @property
     def transport_mode(self) -> str:

@@ -90,12 +90,13 @@ def test_open_v2_rejects_bad_structs(lib):
 
 
 def test_null_client_is_failure_not_crash(lib):
-    assert lib.dfkv_transport_mode(None) == b"closed"
+    assert lib.dfkv_transport_mode(None) == b""           # the original dfkv ABI's answer
     lib.dfkv_close(None)
     assert lib.dfkv_put(None, b"k", 1, b"v", 1) == -1
     assert lib.dfkv_get(None, b"k", 1, ctypes.create_string_buffer(1), 1) == 0
     assert lib.dfkv_exist(None, b"k", 1) == 0
     assert lib.dfkv_remove(None, b"k", 1) == 0
+    assert b"handle" in lib.dfkv_last_error(None)
     out = (ctypes.c_int * 1)(7)
     keys = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.c_char_p(b"k"), ctypes.c_void_p).value)
     lens = (ctypes.c_uint64 * 1)(1)
@@ -169,13 +170,50 @@ def test_exact_size_get_vs_get_auto(client):
     assert client.get_auto(b"k", bytearray(10)) == (False, 0)
 
 
+def test_scalar_fast_paths_release_and_match_general_path(client):
+    # bytes key + bytearray buffer / bytes value take the binding's fast path; the result
+    # must equal the general (pinned-buffer) path's, and the export must not outlive the call.
+    v = payload(70000, 3)
+    assert client.put(b"fast", v)                          # bytes/bytes: fast path
+    assert client.put(b"slow", memoryview(v))              # general path
+    for key in (b"fast", b"slow", bytearray(b"fast")):   # bytearray key: general path
+        buf = bytearray(len(v))
+        assert client.get_into(key, buf) and buf == v, key
+        buf.extend(b"x")                                   # resizable again: no export left
+        assert client.get_into(key, memoryview(bytearray(len(v))))
+    assert client.get_into(b"fast", bytearray()) is False  # empty buffer: a miss, no crash
+    assert client.put(b"fast", b"") is False               # empty value refused
+    assert client.get(b"fast", len(v)) == v                # ...and the old value kept
+    with pytest.raises(DfkvError):
+        client.get_into(b"fast", bytes(len(v)))            # read-only target still refused
+
+
+def test_last_error_per_client_and_thread(client, members):
+    assert client.get(b"absent", 4) is None
+    assert "not found" in client.last_error()
+    assert client.put(b"k", b"v")                       # a success keeps the last failure
+    assert "not found" in client.last_error()
+    assert client.get(b"k", 2) is None
+    assert "buffer too small" in client.last_error()
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(client.last_error()))
+    t.start()
+    t.join()
+    assert seen == [""]                                 # errors are per thread
+    with Client(members, b"other") as other:
+        assert other.last_error() == ""                 # ...and per client
+    client.close()
+    assert client.last_error() == ""
+
+
 def test_miss_is_not_an_exception(client):
     assert client.get(b"nope", 10) is None
     assert client.get_into(b"nope", bytearray(10)) is False
     assert client.get_auto(b"nope", 10) is None
     assert client.get_auto(b"nope", bytearray(10)) == (False, 0)
     assert client.exist(b"nope") is False
-    assert client.remove(b"nope") is False
+    assert "not found" in client.last_error()
+    assert client.remove(b"nope") is True               # confirmed absent (original ABI rule)
 
 
 def test_remove_and_overwrite(client):
@@ -186,7 +224,7 @@ def test_remove_and_overwrite(client):
     assert client.remove(b"k") is True
     assert client.exist(b"k") is False
     assert client.get_auto(b"k", 100) is None
-    assert client.remove(b"k") is False
+    assert client.remove(b"k") is True                  # already absent: still confirmed gone
 
 
 def test_zero_length_put_rejected(client):
@@ -281,7 +319,7 @@ def test_batch_mixed_hits_and_misses(client):
     assert got[1] == (True, 20)
     assert got[2] is None and got[3] is None                            # miss; cap too small
     assert client.batch_get_auto(keys, 64)[3] == vals[3]
-    assert client.batch_remove(keys) == [True, True, False, True]
+    assert client.batch_remove(keys) == [True] * 4                      # absent counts as removed
     assert client.batch_exist(keys) == [False] * 4
 
 

@@ -328,12 +328,48 @@ func runJSON(t *testing.T, args ...string) (result, int) {
 	return r, code
 }
 
+// The raw server keeps a working set: a key's index picks its slot, PUT writes that slot and
+// GET reads it back, and slots wrap modulo the set (so the set, not one buffer, is touched).
+func TestRawTCPWorkingSet(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1 << 10
+	s := newRawServer(n, 4*n)
+	done := make(chan struct{})
+	go func() { s.serve(ln); close(done) }()
+	defer func() { ln.Close(); <-done }()
+	c, err := dialRaw(targetConfig{addr: ln.Addr().String(), ioTimeout: 5 * time.Second, batch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	res := make([]error, 2)
+	keys := [][]byte{[]byte("k-000002"), []byte("k-000003")}
+	vals := [][]byte{bytes.Repeat([]byte{0xA2}, n), bytes.Repeat([]byte{0xB3}, n)}
+	if err := c.put(keys, vals, res); err != nil || res[0] != nil || res[1] != nil {
+		t.Fatal(err, res)
+	}
+	// Slot 6 is slot 2 again (4 slots); slot 3 holds its own bytes.
+	bufs := [][]byte{make([]byte, n), make([]byte, n)}
+	if err := c.get([][]byte{[]byte("k-000006"), []byte("k-000003")}, bufs, res); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(bufs[0], vals[0]) || !bytes.Equal(bufs[1], vals[1]) {
+		t.Fatalf("slots not kept: %x.. %x..", bufs[0][:4], bufs[1][:4])
+	}
+	if got := keySlot([]byte("cmp-0012345")); got != 12345 {
+		t.Fatalf("keySlot = %d", got)
+	}
+}
+
 func TestRawTCPEndToEnd(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newRawServer(1 << 20)
+	s := newRawServer(1<<20, 4<<20)
 	done := make(chan struct{})
 	go func() { s.serve(ln); close(done) }()
 	defer func() { ln.Close(); <-done }()

@@ -20,11 +20,14 @@ import (
 )
 
 // The raw TCP baseline protocol: the least work a request/reply store can do over TCP, the
-// "wire speed" reference. A request is a 16-byte header {op u32, len u64, pad u32} (little
-// endian); PUT carries len payload bytes, which the server reads into a per-connection
-// buffer and drops; GET asks for len bytes, which the server sends from one preallocated
-// buffer; EXIST asks for nothing. Every reply is a 16-byte header {status u32, len u64,
-// pad u32} followed, for GET, by len bytes. No keys, no storage, no lookups.
+// "wire speed" reference. A request is a 16-byte header {op u32, len u64, slot u32} (little
+// endian); PUT carries len payload bytes, which the server reads into slot `slot` of its
+// working set; GET asks for len bytes, which the server sends from that slot; EXIST asks
+// for nothing. Every reply is a 16-byte header {status u32, len u64, pad u32} followed, for
+// GET, by len bytes. No keys, no lookups: the client sends its key's index as the slot, so
+// the server touches a working set as large as a real store's for the same key space
+// (--working-set; slot i of n-byte values is bytes [i*n, (i+1)*n) modulo the set), never
+// one cache-hot buffer.
 const (
 	rawHdr   = 16
 	rawPut   = 1
@@ -35,14 +38,34 @@ const (
 	rawBad = 1
 )
 
-func encodeRaw(b []byte, op uint32, n uint64) {
+func encodeRaw(b []byte, op uint32, n uint64) { encodeRawSlot(b, op, n, 0) }
+
+func encodeRawSlot(b []byte, op uint32, n uint64, slot uint32) {
 	binary.LittleEndian.PutUint32(b[0:4], op)
 	binary.LittleEndian.PutUint64(b[4:12], n)
-	binary.LittleEndian.PutUint32(b[12:16], 0)
+	binary.LittleEndian.PutUint32(b[12:16], slot)
 }
 
 func decodeRaw(b []byte) (op uint32, n uint64) {
 	return binary.LittleEndian.Uint32(b[0:4]), binary.LittleEndian.Uint64(b[4:12])
+}
+
+// keySlot is the decimal index a bench key ends with (see worker.setKey).
+func keySlot(k []byte) uint32 {
+	var v uint32
+	mult := uint32(1)
+	for i := len(k) - 1; i >= 0 && k[i] >= '0' && k[i] <= '9' && mult != 0; i-- {
+		v += uint32(k[i]-'0') * mult
+		mult *= 10
+	}
+	return v
+}
+
+// region is the n bytes of slot within a working set ws (len(ws) >= n).
+func region(ws []byte, slot uint32, n uint64) []byte {
+	slots := uint64(len(ws)) / n
+	off := (uint64(slot) % slots) * n
+	return ws[off : off+n]
 }
 
 // rawServe runs `dfkv_bench rawserver`: until SIGTERM/SIGINT.
@@ -52,6 +75,8 @@ func rawServe(args []string) int {
 	addrFile := fs.String("addr-file", "", "write the bound host:port here once listening")
 	maxSize := cli.Size(64 << 20)
 	fs.Var(&maxSize, "max-size", "largest request payload / reply served")
+	ws := cli.Size(0)
+	fs.Var(&ws, "working-set", "bytes the GET/PUT slots span (default --max-size); give the key space's size")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -73,7 +98,7 @@ func rawServe(args []string) int {
 			return exitSetup
 		}
 	}
-	srv := newRawServer(int(maxSize))
+	srv := newRawServer(int(maxSize), int(max(ws, maxSize)))
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	go func() { <-sig; ln.Close() }()
@@ -83,15 +108,15 @@ func rawServe(args []string) int {
 }
 
 type rawServer struct {
-	src []byte // every GET reply's payload
+	src []byte // the working set: GET replies and PUT payloads use slots of it
 	max int
 	wg  sync.WaitGroup
 	mu  sync.Mutex
 	cs  map[net.Conn]struct{}
 }
 
-func newRawServer(maxSize int) *rawServer {
-	src := make([]byte, maxSize)
+func newRawServer(maxSize, workingSet int) *rawServer {
+	src := make([]byte, workingSet)
 	for i := range src {
 		src[i] = byte(i * 7)
 	}
@@ -134,7 +159,6 @@ func (s *rawServer) conn(nc net.Conn) {
 	}
 	br := bufio.NewReaderSize(nc, 64<<10)
 	var req, rep [rawHdr]byte
-	var sink []byte // PUT payloads land here (allocated once, at the first PUT's size)
 	var bufs net.Buffers
 	for {
 		if _, err := io.ReadFull(br, req[:]); err != nil {
@@ -147,12 +171,19 @@ func (s *rawServer) conn(nc net.Conn) {
 			_, _ = nc.Write(rep[:])
 			return
 		}
+		slot := binary.LittleEndian.Uint32(req[12:16])
 		switch op {
 		case rawPut:
-			if cap(sink) < int(n) {
-				sink = make([]byte, n)
+			if n == 0 {
+				encodeRaw(rep[:], rawOK, 0)
+				if _, err := nc.Write(rep[:]); err != nil {
+					return
+				}
+				continue
 			}
-			if _, err := io.ReadFull(br, sink[:n]); err != nil {
+			// Concurrent PUTs to one slot may interleave: the bytes are never read back as
+			// values (rawtcp carries no stamps), only the memory traffic matters.
+			if _, err := io.ReadFull(br, region(s.src, slot, n)); err != nil {
 				bad("reading a %d-byte put: %v", n, err)
 				return
 			}
@@ -162,7 +193,11 @@ func (s *rawServer) conn(nc net.Conn) {
 			}
 		case rawGet:
 			encodeRaw(rep[:], rawOK, n)
-			bufs = append(bufs[:0], rep[:], s.src[:n])
+			var payload []byte
+			if n > 0 {
+				payload = region(s.src, slot, n)
+			}
+			bufs = append(bufs[:0], rep[:], payload)
 			b := bufs
 			if _, err := b.WriteTo(nc); err != nil {
 				return
@@ -211,8 +246,8 @@ func (r *rawConn) hdr(i int) []byte {
 }
 
 // send writes n pipelined requests in one writev; sized[i] gives request i's length (nil: 0)
-// and is sent as its payload when withPayload.
-func (r *rawConn) send(op uint32, sized [][]byte, withPayload bool, n int) error {
+// and is sent as its payload when withPayload; keys[i]'s index is its slot.
+func (r *rawConn) send(op uint32, keys, sized [][]byte, withPayload bool, n int) error {
 	_ = r.nc.SetDeadline(time.Now().Add(r.timeout))
 	r.bufs = r.bufs[:0]
 	for i := 0; i < n; i++ {
@@ -221,7 +256,7 @@ func (r *rawConn) send(op uint32, sized [][]byte, withPayload bool, n int) error
 		if sized != nil {
 			l = uint64(len(sized[i]))
 		}
-		encodeRaw(h, op, l)
+		encodeRawSlot(h, op, l, keySlot(keys[i]))
 		r.bufs = append(r.bufs, h)
 		if withPayload {
 			r.bufs = append(r.bufs, sized[i])
@@ -245,7 +280,7 @@ func (r *rawConn) reply() (uint64, error) {
 }
 
 func (r *rawConn) put(keys, vals [][]byte, res []error) error {
-	if err := r.send(rawPut, vals, true, len(keys)); err != nil {
+	if err := r.send(rawPut, keys, vals, true, len(keys)); err != nil {
 		return err
 	}
 	for i := range keys {
@@ -258,7 +293,7 @@ func (r *rawConn) put(keys, vals [][]byte, res []error) error {
 }
 
 func (r *rawConn) get(keys, bufs [][]byte, res []error) error {
-	if err := r.send(rawGet, bufs, false, len(keys)); err != nil {
+	if err := r.send(rawGet, keys, bufs, false, len(keys)); err != nil {
 		return err
 	}
 	for i := range keys {
@@ -278,7 +313,7 @@ func (r *rawConn) get(keys, bufs [][]byte, res []error) error {
 }
 
 func (r *rawConn) exist(keys [][]byte, res []error) error {
-	if err := r.send(rawExist, nil, false, len(keys)); err != nil {
+	if err := r.send(rawExist, keys, nil, false, len(keys)); err != nil {
 		return err
 	}
 	for i := range keys {

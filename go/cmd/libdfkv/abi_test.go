@@ -32,7 +32,7 @@ func TestCProgram(t *testing.T) {
 	run("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "libdfkv.so"), "./go/cmd/libdfkv")
 	run("go", "build", "-o", filepath.Join(dir, "dfkv_server"), "./go/cmd/server")
 	run(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-Igo/cmd/libdfkv", "-o", filepath.Join(dir, "abi_test"),
-		"go/cmd/libdfkv/testdata/abi_test.c", "-L"+dir, "-ldfkv", "-Wl,-rpath,"+dir)
+		"go/cmd/libdfkv/testdata/abi_test.c", "-L"+dir, "-ldfkv", "-Wl,-rpath,"+dir, "-pthread")
 
 	addrFile := filepath.Join(dir, "addr")
 	srv := exec.Command(filepath.Join(dir, "dfkv_server"), "--host", "127.0.0.1", "--port", "0", "--addr-file", addrFile,

@@ -64,6 +64,8 @@ int dfkv_get(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint
 int dfkv_get_auto(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint64_t cap,
                   uint64_t* out_len);
 int dfkv_exist(dfkv_client_t c, const void* key, uint64_t key_len);
+/* 1 when the owner confirmed the key is gone: removed now or already absent (as in the
+ * original dfkv ABI); 0 when that is unknown (timeout, node unavailable, ...). */
 int dfkv_remove(dfkv_client_t c, const void* key, uint64_t key_len);
 
 /* Batch operations: parallel arrays of n items. Return 0 when the call itself ran (see the
@@ -96,7 +98,7 @@ uint32_t dfkv_max_sg_segs(dfkv_client_t c);
 /* Memory registration for RDMA transports; a no-op success (0) on TCP. A NULL base or a
  * zero size is refused (-1) on every transport. */
 int dfkv_register_memory(dfkv_client_t c, void* base, uint64_t size);
-/* "tcp" or "rdma"; static storage, never NULL ("closed" for a NULL or closed client). */
+/* "tcp" or "rdma"; static storage, never NULL ("" for NULL, "closed" for a closed client). */
 const char* dfkv_transport_mode(dfkv_client_t c);
 
 /* Prometheus text of the client's metrics. Writes at most cap bytes (no NUL) and returns the
@@ -104,6 +106,13 @@ const char* dfkv_transport_mode(dfkv_client_t c);
 uint64_t dfkv_stats_snapshot(dfkv_client_t c, char* buf, uint64_t cap);
 /* Library version, static storage. */
 const char* dfkv_version(void);
+
+/* Why the calling thread's most recent failing call on c failed (misses included: "dfkv: not
+ * found"); c = NULL: dfkv_open_v2's refusals and calls made with a NULL handle. "" when this
+ * thread has no failure recorded for c; successful calls leave it as it was. Never NULL; valid
+ * until this thread's next failing call. A batch call that ran (0) but had failed items keeps
+ * the first failed item's reason. Added in 0.2 (ABI v2 unchanged: a new symbol only). */
+const char* dfkv_last_error(dfkv_client_t c);
 
 #ifdef __cplusplus
 }

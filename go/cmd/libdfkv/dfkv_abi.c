@@ -1,10 +1,70 @@
 // The public dfkv_* C ABI: each function forwards to its Go export. Compiling this file
 // against dfkv.h makes the compiler check the header's prototypes against the real entry
 // points. Handles are opaque integers from the Go handle table, never Go pointers.
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "dfkv.h"
 #include "_cgo_export.h"
 
 #define H(c) ((uintptr_t)(c))
+
+/* dfkv_last_error: per handle and per calling thread (errno-like), so concurrent callers
+ * never see, or tear, each other's messages. The Go exports run on the caller's thread and
+ * store the reason of each failure here: a few slots per thread, one per handle recently
+ * failed on, the oldest reused. The slots live in a heap block per thread (pthread key, freed
+ * at thread exit), not in _Thread_local storage: a dlopen'ed Go library gets only the small
+ * static TLS surplus. */
+enum { ERR_SLOTS = 8, ERR_LEN = 384 };
+struct errs {
+  uintptr_t handle[ERR_SLOTS];
+  unsigned char used[ERR_SLOTS];
+  unsigned next;
+  char msg[ERR_SLOTS][ERR_LEN];
+};
+static pthread_once_t errs_once = PTHREAD_ONCE_INIT;
+static pthread_key_t errs_key;
+static void errs_make_key(void) { (void)pthread_key_create(&errs_key, free); }
+
+static struct errs* errs_get(int create) {
+  pthread_once(&errs_once, errs_make_key);
+  struct errs* e = pthread_getspecific(errs_key);
+  if (e == NULL && create) {
+    e = calloc(1, sizeof *e);
+    if (e != NULL && pthread_setspecific(errs_key, e) != 0) {
+      free(e);
+      e = NULL;
+    }
+  }
+  return e;
+}
+
+static int err_slot(const struct errs* e, uintptr_t c) {
+  for (int i = 0; e != NULL && i < ERR_SLOTS; i++)
+    if (e->used[i] && e->handle[i] == c) return i;
+  return -1;
+}
+
+void dfkvc_set_error(uintptr_t c, const char* msg, size_t n) {
+  struct errs* e = errs_get(1);
+  if (e == NULL) return; /* out of memory: the reason is lost, the call still fails */
+  int i = err_slot(e, c);
+  if (i < 0) {
+    i = (int)(e->next++ % ERR_SLOTS);
+    e->used[i] = 1;
+    e->handle[i] = c;
+  }
+  if (n >= ERR_LEN) n = ERR_LEN - 1;
+  memcpy(e->msg[i], msg, n);
+  e->msg[i][n] = '\0';
+}
+
+const char* dfkv_last_error(dfkv_client_t c) {
+  struct errs* e = errs_get(0);
+  int i = err_slot(e, H(c));
+  return i < 0 ? "" : e->msg[i];
+}
 
 dfkv_client_t dfkv_open_v2(const dfkv_client_options_v2* o) {
   return (dfkv_client_t)dfkvgo_open_v2((dfkv_client_options_v2*)o);

@@ -5,8 +5,9 @@
 // The public dfkv_* symbols are thin C functions in dfkv_abi.c, compiled against the
 // checked-in dfkv.h so the header is the contract the compiler enforces. They call the Go
 // exports below (dfkvgo_*), which only turn C pointers into Go slices for the duration of
-// the call and hand off to package cabi. Every export recovers panics into a failure
-// return: a Go panic never crosses into C.
+// the call and hand off to package cabi. Every export runs its body through call(): a Go
+// panic never crosses into C (it becomes the failure return, is counted and logged once),
+// and the reason of every failure is kept for dfkv_last_error.
 package main
 
 /*
@@ -14,10 +15,13 @@ package main
 #include <stdint.h>
 #include <stdlib.h>
 #include "dfkv.h"
+void dfkvc_set_error(uintptr_t c, const char* msg, size_t n);
 */
 import "C"
 
 import (
+	"errors"
+	"runtime/debug"
 	"unsafe"
 
 	"github.com/dfkv/dfkv/go/internal/cabi"
@@ -32,7 +36,42 @@ const maxKey = 1 << 24
 // maxItems bounds a batch's n.
 const maxItems = 1 << 20
 
+var (
+	errHandle = errors.New("dfkv: NULL, closed or unknown client handle")
+	errArg    = errors.New("dfkv: bad argument (NULL pointer, oversized key or length, or n out of range)")
+)
+
 func handle(c C.uintptr_t) *cabi.Handle { return cabi.Lookup(uint64(c)) }
+
+// setError keeps err as the calling thread's last error on handle c (dfkv_last_error). The
+// export runs on the C caller's own thread, so the C side's thread-local storage is that
+// caller's.
+func setError(c C.uintptr_t, err error) {
+	msg := err.Error()
+	C.dfkvc_set_error(c, (*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+}
+
+// call is every export's prologue and epilogue: it looks up the handle, runs body, turns a
+// panic into the failure code fail, and records why for dfkv_last_error whenever body
+// reports an error.
+func call[T any](c C.uintptr_t, fail T, body func(h *cabi.Handle) (T, error)) (rc T) {
+	defer func() {
+		if r := recover(); r != nil {
+			rc = fail
+			setError(c, cabi.Recovered(r, debug.Stack()))
+		}
+	}()
+	h := handle(c)
+	if h == nil {
+		setError(c, errHandle)
+		return fail
+	}
+	rc, err := body(h)
+	if err != nil {
+		setError(c, err)
+	}
+	return rc
+}
 
 func bytesOf(p unsafe.Pointer, n C.uint64_t) ([]byte, bool) {
 	if n == 0 {
@@ -61,21 +100,25 @@ func cstr(p *C.char) string {
 //export dfkvgo_open_v2
 func dfkvgo_open_v2(o *C.dfkv_client_options_v2) (id C.uintptr_t) {
 	defer func() {
-		if recover() != nil {
+		if r := recover(); r != nil {
 			id = 0
+			setError(0, cabi.Recovered(r, debug.Stack()))
 		}
 	}()
 	if o == nil {
+		setError(0, errors.New("dfkv_open_v2: NULL options"))
 		return 0
 	}
 	// Read struct_size first: a caller with an older, shorter struct must not make us read
 	// past its end.
 	size := uint32(o.struct_size)
 	if size < cabi.OptionsSize {
+		setError(0, errors.New("dfkv_open_v2: struct_size smaller than dfkv_client_options_v2"))
 		return 0
 	}
 	ns, ok := bytesOf(o.key_namespace, o.key_namespace_len)
 	if !ok {
+		setError(0, errors.New("dfkv_open_v2: NULL key_namespace with a nonzero length"))
 		return 0
 	}
 	opts := &cabi.Options{
@@ -85,98 +128,90 @@ func dfkvgo_open_v2(o *C.dfkv_client_options_v2) (id C.uintptr_t) {
 		Flags: uint32(o.flags), ClientID: cstr(o.client_id), ClientInfo: cstr(o.client_info),
 		ClientHeartbeatMS: int32(o.client_heartbeat_ms), Reserved0: uint32(o.reserved0),
 	}
-	return C.uintptr_t(cabi.Open(opts))
+	id = C.uintptr_t(cabi.Open(opts))
+	if id == 0 {
+		setError(0, errors.New("dfkv_open_v2: "+cabi.LastError()))
+	}
+	return id
 }
 
 //export dfkvgo_close
 func dfkvgo_close(c C.uintptr_t) {
-	defer func() { _ = recover() }()
+	defer func() {
+		if r := recover(); r != nil {
+			setError(c, cabi.Recovered(r, debug.Stack()))
+		}
+	}()
 	cabi.Close(uint64(c))
 }
 
 //export dfkvgo_put
-func dfkvgo_put(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t, val unsafe.Pointer, n C.uint64_t) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = -1
+func dfkvgo_put(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t, val unsafe.Pointer, n C.uint64_t) C.int {
+	return call(c, -1, func(h *cabi.Handle) (C.int, error) {
+		k, ok1 := keyOf(key, keyLen)
+		v, ok2 := bytesOf(val, n)
+		if !ok1 || !ok2 {
+			return -1, errArg
 		}
-	}()
-	h := handle(c)
-	k, ok1 := keyOf(key, keyLen)
-	v, ok2 := bytesOf(val, n)
-	if h == nil || !ok1 || !ok2 {
-		return -1
-	}
-	return C.int(h.Put(k, v))
+		rc, err := h.Put(k, v)
+		return C.int(rc), err
+	})
 }
 
 //export dfkvgo_get
-func dfkvgo_get(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t, buf unsafe.Pointer, n C.uint64_t) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = 0
+func dfkvgo_get(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t, buf unsafe.Pointer, n C.uint64_t) C.int {
+	return call(c, 0, func(h *cabi.Handle) (C.int, error) {
+		k, ok1 := keyOf(key, keyLen)
+		b, ok2 := bytesOf(buf, n)
+		if !ok1 || !ok2 {
+			return 0, errArg
 		}
-	}()
-	h := handle(c)
-	k, ok1 := keyOf(key, keyLen)
-	b, ok2 := bytesOf(buf, n)
-	if h == nil || !ok1 || !ok2 {
-		return 0
-	}
-	return C.int(h.Get(k, b))
+		rc, err := h.Get(k, b)
+		return C.int(rc), err
+	})
 }
 
 //export dfkvgo_get_auto
-func dfkvgo_get_auto(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t, buf unsafe.Pointer, capacity C.uint64_t, outLen *C.uint64_t) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = 0
-		}
-	}()
+func dfkvgo_get_auto(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t, buf unsafe.Pointer, capacity C.uint64_t, outLen *C.uint64_t) C.int {
 	if outLen != nil {
 		*outLen = 0
 	}
-	h := handle(c)
-	k, ok1 := keyOf(key, keyLen)
-	b, ok2 := bytesOf(buf, capacity)
-	if h == nil || !ok1 || !ok2 {
-		return 0
-	}
-	r, n := h.GetAuto(k, b)
-	if outLen != nil {
-		*outLen = C.uint64_t(n)
-	}
-	return C.int(r)
+	return call(c, 0, func(h *cabi.Handle) (C.int, error) {
+		k, ok1 := keyOf(key, keyLen)
+		b, ok2 := bytesOf(buf, capacity)
+		if !ok1 || !ok2 {
+			return 0, errArg
+		}
+		rc, n, err := h.GetAuto(k, b)
+		if outLen != nil {
+			*outLen = C.uint64_t(n)
+		}
+		return C.int(rc), err
+	})
 }
 
 //export dfkvgo_exist
-func dfkvgo_exist(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = 0
+func dfkvgo_exist(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t) C.int {
+	return call(c, 0, func(h *cabi.Handle) (C.int, error) {
+		k, ok := keyOf(key, keyLen)
+		if !ok {
+			return 0, errArg
 		}
-	}()
-	h := handle(c)
-	k, ok := keyOf(key, keyLen)
-	if h == nil || !ok {
-		return 0
-	}
-	return C.int(h.Exist(k))
+		rc, err := h.Exist(k)
+		return C.int(rc), err
+	})
 }
 
 //export dfkvgo_remove
-func dfkvgo_remove(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = 0
+func dfkvgo_remove(c C.uintptr_t, key unsafe.Pointer, keyLen C.uint64_t) C.int {
+	return call(c, 0, func(h *cabi.Handle) (C.int, error) {
+		k, ok := keyOf(key, keyLen)
+		if !ok {
+			return 0, errArg
 		}
-	}()
-	h := handle(c)
-	k, ok := keyOf(key, keyLen)
-	if h == nil || !ok {
-		return 0
-	}
-	return C.int(h.Remove(k))
+		rc, err := h.Remove(k)
+		return C.int(rc), err
+	})
 }
 
 // outs returns the per-item output slices, set to failure before anything else can fail.
@@ -276,158 +311,110 @@ func segList(segPtrs **unsafe.Pointer, segLens **C.uint64_t, counts *C.uint32_t,
 	return out, true
 }
 
-//export dfkvgo_batch_put
-func dfkvgo_batch_put(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, vals *unsafe.Pointer, valLens *C.uint64_t, n C.int, outOK *C.int) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = -1
+// batch is the shared shape of the batch exports: outputs reset before anything can fail,
+// then body with the converted keys.
+func batch(c C.uintptr_t, n C.int, outOK *C.int, outLens *C.uint64_t, needLens bool, keys *unsafe.Pointer,
+	keyLens *C.uint64_t, body func(h *cabi.Handle, ks [][]byte, ok []int32, lens []uint64) (int, error)) C.int {
+	ok, lens, have := outs(n, outOK, outLens)
+	return call(c, -1, func(h *cabi.Handle) (C.int, error) {
+		if !have || (needLens && lens == nil && n > 0) {
+			return -1, errArg // n out of range or a NULL output array
 		}
-	}()
-	ok, _, have := outs(n, outOK, nil)
-	h := handle(c)
-	ks, ok1 := keyList(keys, keyLens, n)
-	vs, ok2 := bufList(vals, valLens, n)
-	if h == nil || !have || !ok1 || !ok2 {
-		return -1
-	}
-	return C.int(h.BatchPut(ks, vs, ok))
+		ks, kok := keyList(keys, keyLens, n)
+		if !kok {
+			return -1, errArg
+		}
+		rc, err := body(h, ks, ok, lens)
+		return C.int(rc), err
+	})
+}
+
+//export dfkvgo_batch_put
+func dfkvgo_batch_put(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, vals *unsafe.Pointer, valLens *C.uint64_t, n C.int, outOK *C.int) C.int {
+	return batch(c, n, outOK, nil, false, keys, keyLens, func(h *cabi.Handle, ks [][]byte, ok []int32, _ []uint64) (int, error) {
+		vs, good := bufList(vals, valLens, n)
+		if !good {
+			return -1, errArg
+		}
+		return h.BatchPut(ks, vs, ok)
+	})
 }
 
 //export dfkvgo_batch_get
-func dfkvgo_batch_get(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, bufs *unsafe.Pointer, lens *C.uint64_t, n C.int, outOK *C.int) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = -1
+func dfkvgo_batch_get(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, bufs *unsafe.Pointer, lens *C.uint64_t, n C.int, outOK *C.int) C.int {
+	return batch(c, n, outOK, nil, false, keys, keyLens, func(h *cabi.Handle, ks [][]byte, ok []int32, _ []uint64) (int, error) {
+		bs, good := bufList(bufs, lens, n)
+		if !good {
+			return -1, errArg
 		}
-	}()
-	ok, _, have := outs(n, outOK, nil)
-	h := handle(c)
-	ks, ok1 := keyList(keys, keyLens, n)
-	bs, ok2 := bufList(bufs, lens, n)
-	if h == nil || !have || !ok1 || !ok2 {
-		return -1
-	}
-	return C.int(h.BatchGet(ks, bs, ok))
+		return h.BatchGet(ks, bs, ok)
+	})
 }
 
 //export dfkvgo_batch_get_auto
-func dfkvgo_batch_get_auto(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, bufs *unsafe.Pointer, caps *C.uint64_t, n C.int, outOK *C.int, outLens *C.uint64_t) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = -1
+func dfkvgo_batch_get_auto(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, bufs *unsafe.Pointer, caps *C.uint64_t, n C.int, outOK *C.int, outLens *C.uint64_t) C.int {
+	return batch(c, n, outOK, outLens, true, keys, keyLens, func(h *cabi.Handle, ks [][]byte, ok []int32, lens []uint64) (int, error) {
+		bs, good := bufList(bufs, caps, n)
+		if !good {
+			return -1, errArg
 		}
-	}()
-	ok, lens, have := outs(n, outOK, outLens)
-	h := handle(c)
-	ks, ok1 := keyList(keys, keyLens, n)
-	bs, ok2 := bufList(bufs, caps, n)
-	if h == nil || !have || lens == nil && n > 0 || !ok1 || !ok2 {
-		return -1
-	}
-	return C.int(h.BatchGetAuto(ks, bs, ok, lens))
+		return h.BatchGetAuto(ks, bs, ok, lens)
+	})
 }
 
 //export dfkvgo_batch_exist
-func dfkvgo_batch_exist(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, n C.int, outOK *C.int) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = -1
-		}
-	}()
-	ok, _, have := outs(n, outOK, nil)
-	h := handle(c)
-	ks, ok1 := keyList(keys, keyLens, n)
-	if h == nil || !have || !ok1 {
-		return -1
-	}
-	return C.int(h.BatchExist(ks, ok))
+func dfkvgo_batch_exist(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, n C.int, outOK *C.int) C.int {
+	return batch(c, n, outOK, nil, false, keys, keyLens, func(h *cabi.Handle, ks [][]byte, ok []int32, _ []uint64) (int, error) {
+		return h.BatchExist(ks, ok)
+	})
 }
 
 //export dfkvgo_batch_remove
-func dfkvgo_batch_remove(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, n C.int, outOK *C.int) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = -1
-		}
-	}()
-	ok, _, have := outs(n, outOK, nil)
-	h := handle(c)
-	ks, ok1 := keyList(keys, keyLens, n)
-	if h == nil || !have || !ok1 {
-		return -1
-	}
-	return C.int(h.BatchRemove(ks, ok))
+func dfkvgo_batch_remove(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, n C.int, outOK *C.int) C.int {
+	return batch(c, n, outOK, nil, false, keys, keyLens, func(h *cabi.Handle, ks [][]byte, ok []int32, _ []uint64) (int, error) {
+		return h.BatchRemove(ks, ok)
+	})
 }
 
 //export dfkvgo_batch_put_sg
-func dfkvgo_batch_put_sg(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, segPtrs **unsafe.Pointer, segLens **C.uint64_t, counts *C.uint32_t, n C.int, outOK *C.int) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = -1
+func dfkvgo_batch_put_sg(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, segPtrs **unsafe.Pointer, segLens **C.uint64_t, counts *C.uint32_t, n C.int, outOK *C.int) C.int {
+	return batch(c, n, outOK, nil, false, keys, keyLens, func(h *cabi.Handle, ks [][]byte, ok []int32, _ []uint64) (int, error) {
+		ss, good := segList(segPtrs, segLens, counts, n, h.MaxSGSegs())
+		if !good {
+			return -1, errArg
 		}
-	}()
-	ok, _, have := outs(n, outOK, nil)
-	h := handle(c)
-	if h == nil || !have {
-		return -1
-	}
-	ks, ok1 := keyList(keys, keyLens, n)
-	ss, ok2 := segList(segPtrs, segLens, counts, n, h.MaxSGSegs())
-	if !ok1 || !ok2 {
-		return -1
-	}
-	return C.int(h.BatchPutSG(ks, ss, ok))
+		return h.BatchPutSG(ks, ss, ok)
+	})
 }
 
 //export dfkvgo_batch_get_auto_sg
-func dfkvgo_batch_get_auto_sg(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, segPtrs **unsafe.Pointer, segLens **C.uint64_t, counts *C.uint32_t, n C.int, outOK *C.int, outLens *C.uint64_t) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = -1
+func dfkvgo_batch_get_auto_sg(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, segPtrs **unsafe.Pointer, segLens **C.uint64_t, counts *C.uint32_t, n C.int, outOK *C.int, outLens *C.uint64_t) C.int {
+	return batch(c, n, outOK, outLens, true, keys, keyLens, func(h *cabi.Handle, ks [][]byte, ok []int32, lens []uint64) (int, error) {
+		ss, good := segList(segPtrs, segLens, counts, n, h.MaxSGSegs())
+		if !good {
+			return -1, errArg
 		}
-	}()
-	ok, lens, have := outs(n, outOK, outLens)
-	h := handle(c)
-	if h == nil || !have || lens == nil && n > 0 {
-		return -1
-	}
-	ks, ok1 := keyList(keys, keyLens, n)
-	ss, ok2 := segList(segPtrs, segLens, counts, n, h.MaxSGSegs())
-	if !ok1 || !ok2 {
-		return -1
-	}
-	return C.int(h.BatchGetAutoSG(ks, ss, ok, lens))
+		return h.BatchGetAutoSG(ks, ss, ok, lens)
+	})
 }
 
 //export dfkvgo_max_sg_segs
-func dfkvgo_max_sg_segs(c C.uintptr_t) (n C.uint32_t) {
-	defer func() {
-		if recover() != nil {
-			n = 0
-		}
-	}()
-	if h := handle(c); h != nil {
-		return C.uint32_t(h.MaxSGSegs())
-	}
-	return 0
+func dfkvgo_max_sg_segs(c C.uintptr_t) C.uint32_t {
+	return call(c, 0, func(h *cabi.Handle) (C.uint32_t, error) { return C.uint32_t(h.MaxSGSegs()), nil })
 }
 
 //export dfkvgo_register_memory
-func dfkvgo_register_memory(c C.uintptr_t, base unsafe.Pointer, size C.uint64_t) (rc C.int) {
-	defer func() {
-		if recover() != nil {
-			rc = -1
-		}
-	}()
-	if h := handle(c); h != nil {
-		return C.int(h.RegisterMemory(uintptr(base), uint64(size)))
-	}
-	return -1
+func dfkvgo_register_memory(c C.uintptr_t, base unsafe.Pointer, size C.uint64_t) C.int {
+	return call(c, -1, func(h *cabi.Handle) (C.int, error) {
+		rc, err := h.RegisterMemory(uintptr(base), uint64(size))
+		return C.int(rc), err
+	})
 }
 
 // Static C strings for dfkv_transport_mode and dfkv_version: allocated once, never freed,
 // so the pointers stay valid for the life of the process.
 var (
+	cEmpty   = C.CString("")
 	cTCP     = C.CString("tcp")
 	cRDMA    = C.CString("rdma")
 	cClosed  = C.CString("closed")
@@ -435,40 +422,28 @@ var (
 )
 
 //export dfkvgo_transport_mode
-func dfkvgo_transport_mode(c C.uintptr_t) (s *C.char) {
-	defer func() {
-		if recover() != nil {
-			s = cClosed
-		}
-	}()
-	h := handle(c)
-	switch {
-	case h == nil:
-		return cClosed
-	case h.TransportMode() == "rdma":
-		return cRDMA
-	default:
-		return cTCP
+func dfkvgo_transport_mode(c C.uintptr_t) *C.char {
+	if c == 0 {
+		return cEmpty // the original dfkv ABI's answer for NULL
 	}
+	return call(c, cClosed, func(h *cabi.Handle) (*C.char, error) {
+		if h.TransportMode() == "rdma" {
+			return cRDMA, nil
+		}
+		return cTCP, nil
+	})
 }
 
 //export dfkvgo_stats_snapshot
-func dfkvgo_stats_snapshot(c C.uintptr_t, buf *C.char, capacity C.uint64_t) (n C.uint64_t) {
-	defer func() {
-		if recover() != nil {
-			n = 0
+func dfkvgo_stats_snapshot(c C.uintptr_t, buf *C.char, capacity C.uint64_t) C.uint64_t {
+	return call(c, 0, func(h *cabi.Handle) (C.uint64_t, error) {
+		text := h.StatsSnapshot()
+		if buf != nil && capacity > 0 {
+			dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(min(uint64(capacity), uint64(len(text)))))
+			copy(dst, text)
 		}
-	}()
-	h := handle(c)
-	if h == nil {
-		return 0
-	}
-	text := h.StatsSnapshot()
-	if buf != nil && capacity > 0 {
-		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(min(uint64(capacity), uint64(len(text)))))
-		copy(dst, text)
-	}
-	return C.uint64_t(len(text))
+		return C.uint64_t(len(text)), nil
+	})
 }
 
 //export dfkvgo_version

@@ -135,6 +135,10 @@ func open(o *Options) (*Handle, error) {
 	copts := client.Options{
 		Membership: ms, Namespace: o.Namespace, Tenant: []byte(os.Getenv("DFKV_TENANT")),
 		BatchConcurrency: int(o.BatchConcurrency),
+		// C callers enter from their own threads: blocking I/O on that thread beats a
+		// netpoller handoff per partial read (docs/BENCHMARKS.md, "C ABI").
+		// DFKV_BLOCKING_IO=0 keeps the netpoller path (for side-by-side measurements).
+		BlockingIO: os.Getenv("DFKV_BLOCKING_IO") != "0",
 	}
 	if err := applyTimeoutEnv(&copts); err != nil {
 		ms.Close()
@@ -170,105 +174,125 @@ func Close(id uint64) {
 // Client exposes the Go client (for tests).
 func (h *Handle) Client() *client.Client { return h.c }
 
-func b2i(ok bool) int {
-	if ok {
-		return 1
-	}
-	return 0
-}
+// Every Handle method returns the C return code and, when that code means failure (a miss
+// included), the reason, which the export layer keeps for dfkv_last_error.
+
+var (
+	errEmptyValue  = errors.New("dfkv: zero-length value")
+	errEmptyBuffer = errors.New("dfkv: zero-length buffer")
+	errArgs        = errors.New("dfkv: array lengths disagree")
+)
 
 // Put: 0 ok, -1 fail (zero-length values rejected).
-func (h *Handle) Put(key, value []byte) int {
-	if len(value) == 0 || h.c.Put(key, value) != nil {
-		return -1
+func (h *Handle) Put(key, value []byte) (int, error) {
+	if len(value) == 0 {
+		return -1, errEmptyValue
 	}
-	return 0
+	if err := h.c.Put(key, value); err != nil {
+		return -1, err
+	}
+	return 0, nil
 }
 
 // Get: 1 when the stored value is exactly len(buf) bytes.
-func (h *Handle) Get(key, buf []byte) int {
-	return b2i(len(buf) > 0 && h.c.Get(key, buf) == nil)
+func (h *Handle) Get(key, buf []byte) (int, error) {
+	if len(buf) == 0 {
+		return 0, errEmptyBuffer
+	}
+	if err := h.c.Get(key, buf); err != nil {
+		return 0, err
+	}
+	return 1, nil
 }
 
 // GetAuto: 1 when the value fits buf; its length in the second result.
-func (h *Handle) GetAuto(key, buf []byte) (int, uint64) {
+func (h *Handle) GetAuto(key, buf []byte) (int, uint64, error) {
 	if len(buf) == 0 {
-		return 0, 0
+		return 0, 0, errEmptyBuffer
 	}
 	n, err := h.c.GetAuto(key, buf)
 	if err != nil {
-		return 0, 0
+		return 0, 0, err
 	}
-	return 1, uint64(n)
+	return 1, uint64(n), nil
 }
 
 // Exist: 1 when present.
-func (h *Handle) Exist(key []byte) int {
-	_, err := h.c.Exist(key)
-	return b2i(err == nil)
-}
-
-// Remove: 1 when a value was removed.
-func (h *Handle) Remove(key []byte) int { return b2i(h.c.Remove(key) == nil) }
-
-func fill(out []int32) {
-	for i := range out {
-		out[i] = 0
+func (h *Handle) Exist(key []byte) (int, error) {
+	if _, err := h.c.Exist(key); err != nil {
+		return 0, err
 	}
+	return 1, nil
 }
 
-func results(items []client.Item, outOK []int32, outLens []uint64) {
+// Remove: 1 when the owner confirmed the key is gone, removed now or already absent (the
+// original dfkv ABI's rule); 0 when that is unknown (timeout, unavailable, ...).
+func (h *Handle) Remove(key []byte) (int, error) {
+	if err := h.c.Remove(key); err != nil && !errors.Is(err, client.ErrNotFound) {
+		return 0, err
+	}
+	return 1, nil
+}
+
+// results copies per-item outcomes; the error is the first failed item's, for
+// dfkv_last_error (the call itself succeeded).
+func results(items []client.Item, outOK []int32, outLens []uint64, absentOK bool) error {
+	var first error
 	for i := range items {
-		if items[i].Err == nil {
+		err := items[i].Err
+		if absentOK && errors.Is(err, client.ErrNotFound) {
+			err = nil
+		}
+		if err == nil {
 			outOK[i] = 1
 			if outLens != nil {
 				outLens[i] = uint64(items[i].N)
 			}
+		} else if first == nil {
+			first = fmt.Errorf("item %d: %w", i, err)
 		}
 	}
+	return first
 }
 
 // BatchPut stores values[i] under keys[i]; per-item 1/0 in outOK. Returns 0, or -1 when the
 // arguments are unusable.
-func (h *Handle) BatchPut(keys, values [][]byte, outOK []int32) int {
-	fill(outOK)
+func (h *Handle) BatchPut(keys, values [][]byte, outOK []int32) (int, error) {
+	clear(outOK)
 	if len(values) != len(keys) || len(outOK) != len(keys) {
-		return -1
+		return -1, errArgs
 	}
 	items := make([]client.Item, len(keys))
 	for i := range items {
 		items[i] = client.Item{Key: keys[i], Value: values[i]}
 	}
-	if h.c.BatchPut(items) != nil {
-		return -1
+	if err := h.c.BatchPut(items); err != nil {
+		return -1, err
 	}
-	results(items, outOK, nil)
-	return 0
+	return 0, results(items, outOK, nil, false)
 }
 
 // BatchGet reads exact-size values into bufs.
-func (h *Handle) BatchGet(keys, bufs [][]byte, outOK []int32) int {
+func (h *Handle) BatchGet(keys, bufs [][]byte, outOK []int32) (int, error) {
 	return h.batchGet(keys, bufs, nil, outOK, nil, client.Exact)
 }
 
 // BatchGetAuto reads values of at most len(bufs[i]) bytes and reports their lengths.
-func (h *Handle) BatchGetAuto(keys, bufs [][]byte, outOK []int32, outLens []uint64) int {
+func (h *Handle) BatchGetAuto(keys, bufs [][]byte, outOK []int32, outLens []uint64) (int, error) {
 	return h.batchGet(keys, bufs, nil, outOK, outLens, client.Auto)
 }
 
 // BatchGetAutoSG scatters each value across segs[i] in order.
-func (h *Handle) BatchGetAutoSG(keys [][]byte, segs [][][]byte, outOK []int32, outLens []uint64) int {
+func (h *Handle) BatchGetAutoSG(keys [][]byte, segs [][][]byte, outOK []int32, outLens []uint64) (int, error) {
 	return h.batchGet(keys, nil, segs, outOK, outLens, client.Auto)
 }
 
-func (h *Handle) batchGet(keys, bufs [][]byte, segs [][][]byte, outOK []int32, outLens []uint64, mode client.GetMode) int {
-	fill(outOK)
-	for i := range outLens {
-		outLens[i] = 0
-	}
+func (h *Handle) batchGet(keys, bufs [][]byte, segs [][][]byte, outOK []int32, outLens []uint64, mode client.GetMode) (int, error) {
+	clear(outOK)
+	clear(outLens)
 	if len(outOK) != len(keys) || (outLens != nil && len(outLens) != len(keys)) ||
 		(bufs != nil && len(bufs) != len(keys)) || (segs != nil && len(segs) != len(keys)) {
-		return -1
+		return -1, errArgs
 	}
 	items := make([]client.Item, len(keys))
 	for i := range items {
@@ -279,72 +303,90 @@ func (h *Handle) batchGet(keys, bufs [][]byte, segs [][][]byte, outOK []int32, o
 			items[i].Buf = bufs[i]
 		}
 	}
-	if h.c.BatchGet(items, mode) != nil {
-		return -1
+	if err := h.c.BatchGet(items, mode); err != nil {
+		return -1, err
 	}
-	results(items, outOK, outLens)
-	return 0
+	return 0, results(items, outOK, outLens, false)
 }
 
 // BatchPutSG stores the concatenation of segs[i] under keys[i].
-func (h *Handle) BatchPutSG(keys [][]byte, segs [][][]byte, outOK []int32) int {
-	fill(outOK)
+func (h *Handle) BatchPutSG(keys [][]byte, segs [][][]byte, outOK []int32) (int, error) {
+	clear(outOK)
 	if len(segs) != len(keys) || len(outOK) != len(keys) {
-		return -1
+		return -1, errArgs
 	}
 	items := make([]client.Item, len(keys))
 	for i := range items {
 		items[i] = client.Item{Key: keys[i], Segs: segs[i]}
 	}
-	if h.c.BatchPut(items) != nil {
-		return -1
+	if err := h.c.BatchPut(items); err != nil {
+		return -1, err
 	}
-	results(items, outOK, nil)
-	return 0
+	return 0, results(items, outOK, nil, false)
 }
 
 // BatchExist reports presence per key.
-func (h *Handle) BatchExist(keys [][]byte, outOK []int32) int {
-	return h.keysOnly(keys, outOK, h.c.BatchExist)
+func (h *Handle) BatchExist(keys [][]byte, outOK []int32) (int, error) {
+	return h.keysOnly(keys, outOK, h.c.BatchExist, false)
 }
 
-// BatchRemove removes every key.
-func (h *Handle) BatchRemove(keys [][]byte, outOK []int32) int {
-	return h.keysOnly(keys, outOK, h.c.BatchRemove)
+// BatchRemove removes every key; like Remove, an item is 1 when its owner confirmed the
+// key gone (removed or already absent).
+func (h *Handle) BatchRemove(keys [][]byte, outOK []int32) (int, error) {
+	return h.keysOnly(keys, outOK, h.c.BatchRemove, true)
 }
 
-func (h *Handle) keysOnly(keys [][]byte, outOK []int32, f func([]client.Item) error) int {
-	fill(outOK)
+func (h *Handle) keysOnly(keys [][]byte, outOK []int32, f func([]client.Item) error, absentOK bool) (int, error) {
+	clear(outOK)
 	if len(outOK) != len(keys) {
-		return -1
+		return -1, errArgs
 	}
 	items := make([]client.Item, len(keys))
 	for i := range items {
 		items[i].Key = keys[i]
 	}
-	if f(items) != nil {
-		return -1
+	if err := f(items); err != nil {
+		return -1, err
 	}
-	results(items, outOK, nil)
-	return 0
+	return 0, results(items, outOK, nil, absentOK)
 }
 
 // MaxSGSegs is the per-item segment limit.
 func (h *Handle) MaxSGSegs() uint32 { return uint32(h.c.MaxSGSegs()) }
 
 // RegisterMemory is a no-op success on TCP.
-func (h *Handle) RegisterMemory(base uintptr, size uint64) int {
+func (h *Handle) RegisterMemory(base uintptr, size uint64) (int, error) {
 	if base == 0 || size == 0 {
-		return -1
+		return -1, errors.New("dfkv: register_memory of an empty region")
 	}
-	return 0
+	return 0, nil
 }
 
 // TransportMode names the data transport.
 func (h *Handle) TransportMode() string { return h.c.TransportMode() }
 
-// StatsSnapshot renders the client's metrics (Prometheus text).
-func (h *Handle) StatsSnapshot() []byte { return h.c.Snapshot() }
+// StatsSnapshot renders the client's metrics (Prometheus text) and the library's count of
+// recovered panics.
+func (h *Handle) StatsSnapshot() []byte {
+	return fmt.Appendf(h.c.Snapshot(), "# HELP dfkv_cabi_panics_total Go panics the C ABI recovered into a failure return.\n"+
+		"# TYPE dfkv_cabi_panics_total counter\ndfkv_cabi_panics_total %d\n", panics.Load())
+}
+
+var (
+	panics    atomic.Uint64
+	panicOnce sync.Once
+)
+
+// Recovered records a panic an export recovered: counted (dfkv_cabi_panics_total in every
+// stats snapshot) and logged once per process, with its stack, so a bug is visible without
+// flooding the host's stderr.
+func Recovered(r any, stack []byte) error {
+	panics.Add(1)
+	panicOnce.Do(func() {
+		fmt.Fprintf(os.Stderr, "dfkv: recovered a panic in the C ABI (further ones are only counted): %v\n%s\n", r, stack)
+	})
+	return fmt.Errorf("dfkv: internal error (recovered panic): %v", r)
+}
 
 // Version is dfkv_version's answer.
 func Version() string { return version.Version }

@@ -2,10 +2,13 @@ package cabi
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
@@ -65,33 +68,53 @@ func TestHandleLifecycleAndOutputs(t *testing.T) {
 	if h == nil {
 		t.Fatal(LastError())
 	}
-	if h.Put([]byte("k"), nil) != -1 {
+	rc := func(r int, _ error) int { return r }
+	if r, err := h.Put([]byte("k"), nil); r != -1 || err == nil {
 		t.Error("zero-length put accepted")
 	}
-	if h.Put([]byte("k"), []byte("abc")) != 0 || h.Get([]byte("k"), make([]byte, 3)) != 1 || h.Get([]byte("k"), make([]byte, 2)) != 0 {
+	if rc(h.Put([]byte("k"), []byte("abc"))) != 0 || rc(h.Get([]byte("k"), make([]byte, 3))) != 1 {
 		t.Error("put/get exact")
 	}
-	if r, n := h.GetAuto([]byte("k"), make([]byte, 10)); r != 1 || n != 3 {
-		t.Errorf("get auto %d %d", r, n)
+	if r, err := h.Get([]byte("k"), make([]byte, 2)); r != 0 || !errors.Is(err, client.ErrBufferTooSmall) {
+		t.Errorf("exact get of the wrong size: %d %v", r, err)
+	}
+	if r, n, err := h.GetAuto([]byte("k"), make([]byte, 10)); r != 1 || n != 3 || err != nil {
+		t.Errorf("get auto %d %d %v", r, n, err)
 	}
 	// Outputs start as failure even when the call is refused.
 	ok := []int32{7, 7}
 	lens := []uint64{9, 9}
-	if h.BatchGetAuto([][]byte{[]byte("k")}, [][]byte{make([]byte, 3), nil}, ok, lens) != -1 {
+	if rc(h.BatchGetAuto([][]byte{[]byte("k")}, [][]byte{make([]byte, 3), nil}, ok, lens)) != -1 {
 		t.Error("mismatched batch lengths accepted")
 	}
 	if ok[0] != 0 || ok[1] != 0 || lens[0] != 0 || lens[1] != 0 {
 		t.Errorf("outputs not reset: %v %v", ok, lens)
 	}
-	if h.BatchGetAuto([][]byte{[]byte("k"), []byte("x")}, [][]byte{make([]byte, 3), make([]byte, 3)}, ok, lens) != 0 ||
-		ok[0] != 1 || ok[1] != 0 || lens[0] != 3 {
+	r, err := h.BatchGetAuto([][]byte{[]byte("k"), []byte("x")}, [][]byte{make([]byte, 3), make([]byte, 3)}, ok, lens)
+	if r != 0 || ok[0] != 1 || ok[1] != 0 || lens[0] != 3 {
 		t.Errorf("mixed batch: %v %v", ok, lens)
 	}
-	if h.MaxSGSegs() == 0 || h.TransportMode() != "tcp" || h.RegisterMemory(0x1000, 10) != 0 {
+	if !errors.Is(err, client.ErrNotFound) || !strings.Contains(err.Error(), "item 1") {
+		t.Errorf("mixed batch: the first failed item's reason, got %v", err)
+	}
+	// Remove: 1 when removed and when already absent (the original ABI's rule).
+	if rc(h.Remove([]byte("k"))) != 1 || rc(h.Remove([]byte("k"))) != 1 || rc(h.Exist([]byte("k"))) != 0 {
+		t.Error("remove of a present and an absent key")
+	}
+	if rc(h.BatchRemove([][]byte{[]byte("k"), []byte("x")}, ok)) != 0 || ok[0] != 1 || ok[1] != 1 {
+		t.Errorf("batch remove of absent keys: %v", ok)
+	}
+	if h.MaxSGSegs() == 0 || h.TransportMode() != "tcp" || rc(h.RegisterMemory(0x1000, 10)) != 0 {
 		t.Error("metadata calls")
 	}
-	if !strings.Contains(string(h.StatsSnapshot()), "dfkv_client_ops_total") {
-		t.Error("snapshot")
+	before := panics.Load()
+	if err := Recovered("boom", nil); err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Errorf("recovered panic error: %v", err)
+	}
+	snap := string(h.StatsSnapshot())
+	if !strings.Contains(snap, "dfkv_client_ops_total") ||
+		!strings.Contains(snap, fmt.Sprintf("dfkv_cabi_panics_total %d\n", before+1)) {
+		t.Errorf("snapshot lacks the ops or the panic counter:\n%s", snap)
 	}
 	Close(id)
 	if Lookup(id) != nil {

@@ -64,12 +64,12 @@ func TestSecurityEnv(t *testing.T) {
 		t.Fatalf("open: %s", LastError())
 	}
 	defer Close(id)
-	if Lookup(id).Put([]byte("k"), []byte("v")) != 0 {
-		t.Fatal("put over TLS with a good token failed")
+	if rc, err := Lookup(id).Put([]byte("k"), []byte("v")); rc != 0 {
+		t.Fatalf("put over TLS with a good token failed: %v", err)
 	}
 	buf := make([]byte, 1)
-	if Lookup(id).Get([]byte("k"), buf) != 1 || buf[0] != 'v' {
-		t.Fatal("get over TLS failed")
+	if rc, err := Lookup(id).Get([]byte("k"), buf); rc != 1 || buf[0] != 'v' {
+		t.Fatalf("get over TLS failed: %d %v", rc, err)
 	}
 	for name, env := range map[string]map[string]string{
 		"wrong token":     {"DFKV_TLS_CA": caFile, "DFKV_TOKEN": "bad", "DFKV_TENANT": "team"},
@@ -81,7 +81,7 @@ func TestSecurityEnv(t *testing.T) {
 		if id == 0 {
 			t.Fatalf("%s: open: %s", name, LastError())
 		}
-		if Lookup(id).Put([]byte("k"), []byte("x")) != -1 {
+		if rc, _ := Lookup(id).Put([]byte("k"), []byte("x")); rc != -1 {
 			t.Errorf("%s: put succeeded", name)
 		}
 		Close(id)

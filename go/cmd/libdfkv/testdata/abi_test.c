@@ -1,6 +1,7 @@
 /* Exercises every dfkv.h function against a running dfkv_server (address in DFKV_TEST_ADDR),
  * including the error paths. Prints one line per failed check and a final
  * "N passed, M failed" line; exits nonzero on any failure. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,21 @@ static void fill(unsigned char* p, size_t n, unsigned seed) {
   for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(seed * 131u + i * 7u + (i >> 8));
 }
 
+struct other_thread {
+  dfkv_client_t c;
+  char before[64], after[512];
+};
+
+/* Runs on a second thread: it starts with no error of its own, then records its own miss. */
+static void* other_thread_main(void* arg) {
+  struct other_thread* t = arg;
+  snprintf(t->before, sizeof t->before, "%s", dfkv_last_error(t->c));
+  char buf[4];
+  if (dfkv_get(t->c, "no-such-key", 11, buf, sizeof buf) == 0)
+    snprintf(t->after, sizeof t->after, "%s", dfkv_last_error(t->c));
+  return NULL;
+}
+
 int main(void) {
   const char* addr = getenv("DFKV_TEST_ADDR");
   if (!addr) {
@@ -63,6 +79,7 @@ int main(void) {
   o.reserved0 = 0;
   o.members = NULL;
   CHECK(dfkv_open_v2(&o) == NULL, "neither members nor MDS accepted");
+  CHECK(strstr(dfkv_last_error(NULL), "members") != NULL, "open refusal reason: '%s'", dfkv_last_error(NULL));
   o.members = members;
 
   dfkv_client_t c = dfkv_open_v2(&o);
@@ -100,8 +117,32 @@ int main(void) {
   CHECK(dfkv_get_auto(c, key, sizeof key, got, n - 1, &out_len) == 0 && out_len == 0, "cap too small is not a miss");
   CHECK(dfkv_get(c2, key, sizeof key, got, n) == 0, "get across namespaces");
   CHECK(dfkv_remove(c, key, sizeof key) == 1, "remove");
-  CHECK(dfkv_remove(c, key, sizeof key) == 0, "second remove");
+  CHECK(dfkv_remove(c, key, sizeof key) == 1, "remove of an absent key is 1 (confirmed gone)");
   CHECK(dfkv_get(c, key, sizeof key, got, n) == 0, "get after remove");
+
+  /* ---- dfkv_last_error: per handle, per thread; set by failures, kept by successes ---- */
+  CHECK(strstr(dfkv_last_error(c), "not found") != NULL, "last error after a miss: '%s'", dfkv_last_error(c));
+  CHECK(dfkv_put(c, key, sizeof key, val, n) == 0, "put again");
+  CHECK(strstr(dfkv_last_error(c), "not found") != NULL, "a success must not clear the last error");
+  CHECK(dfkv_put(c, key, sizeof key, val, 0) == -1 && strstr(dfkv_last_error(c), "zero-length") != NULL,
+        "last error of a zero-length put: '%s'", dfkv_last_error(c));
+  CHECK(dfkv_get(c, key, sizeof key, got, n + 1) == 0 && strstr(dfkv_last_error(c), "buffer too small") != NULL,
+        "last error of a wrong-size get: '%s'", dfkv_last_error(c));
+  /* c2's own last failure was its cross-namespace miss; c's later errors stay c's */
+  CHECK(strstr(dfkv_last_error(c2), "not found") != NULL, "another handle's error leaked: '%s'", dfkv_last_error(c2));
+  CHECK(dfkv_get(NULL, key, sizeof key, got, n) == 0 && strstr(dfkv_last_error(NULL), "handle") != NULL,
+        "last error of a NULL handle: '%s'", dfkv_last_error(NULL));
+  {
+    struct other_thread t = {.c = c};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, other_thread_main, &t) == 0 && pthread_join(th, NULL) == 0, "thread");
+    CHECK(t.before[0] == '\0', "another thread's error leaked into a new thread: '%s'", t.before);
+    CHECK(strstr(t.after, "not found") != NULL, "the thread's own miss: '%s'", t.after);
+    CHECK(strstr(dfkv_last_error(c), "buffer too small") != NULL, "the thread's miss overwrote ours: '%s'",
+          dfkv_last_error(c));
+  }
+  CHECK(dfkv_remove(c, key, sizeof key) == 1, "remove");
+  CHECK(strcmp(dfkv_transport_mode(NULL), "") == 0, "transport mode of NULL: '%s'", dfkv_transport_mode(NULL));
 
   /* ---- batches with mixed hits and misses ---- */
   enum { N = 6 };
@@ -141,9 +182,13 @@ int main(void) {
   CHECK(dfkv_batch_exist(c, keys, klens, N, ok) == 0, "batch_exist");
   for (int i = 0; i < N; i++) CHECK(ok[i] == (i != 3), "batch_exist item %d", i);
   CHECK(dfkv_batch_remove(c, keys, klens, N, ok) == 0, "batch_remove");
-  for (int i = 0; i < N; i++) CHECK(ok[i] == (i != 3), "batch_remove item %d", i);
+  /* item 3 was never stored: absent counts as removed, like dfkv_remove */
+  for (int i = 0; i < N; i++) CHECK(ok[i] == 1, "batch_remove item %d", i);
   CHECK(dfkv_batch_exist(c, keys, klens, N, ok) == 0 && ok[0] == 0, "exist after batch_remove");
+  CHECK(dfkv_batch_get(c, keys, klens, bufs, vlens, N, ok) == 0 && strstr(dfkv_last_error(c), "item 0") != NULL,
+        "a batch with failed items keeps the first one's reason: '%s'", dfkv_last_error(c));
   CHECK(dfkv_batch_get(c, keys, klens, bufs, vlens, -1, ok) == -1, "negative n accepted");
+  CHECK(strstr(dfkv_last_error(c), "bad argument") != NULL, "last error of a refused batch: '%s'", dfkv_last_error(c));
   CHECK(dfkv_batch_get(c, keys, klens, bufs, vlens, N, NULL) == -1, "NULL out_ok accepted");
 
   /* ---- scatter-gather with uneven segments ---- */
@@ -188,6 +233,7 @@ int main(void) {
   CHECK(again >= need, "stats length shrank");
   text[need] = '\0';
   CHECK(strstr(text, "dfkv_client_ops_total") != NULL, "stats text lacks ops");
+  CHECK(strstr(text, "dfkv_cabi_panics_total 0") != NULL, "stats text lacks the (zero) panic counter");
   char small[8];
   CHECK(dfkv_stats_snapshot(c, small, sizeof small) >= need, "truncated snapshot must still report the full size");
   free(text);
@@ -199,6 +245,7 @@ int main(void) {
   CHECK(dfkv_get(c, key, sizeof key, got, n) == 0, "get on closed client");
   CHECK(dfkv_batch_exist(c, keys, klens, N, ok) == -1 && ok[0] == 0, "batch on closed client");
   CHECK(strcmp(dfkv_transport_mode(c), "closed") == 0, "transport mode of a closed client");
+  CHECK(strstr(dfkv_last_error(c), "closed") != NULL, "last error on a closed client: '%s'", dfkv_last_error(c));
   CHECK(dfkv_max_sg_segs(c) == 0, "max_sg_segs of a closed client");
   dfkv_close(c); /* double close is harmless */
   for (int i = 0; i < N; i++) {
