@@ -14,13 +14,45 @@ func TestAutoExtent(t *testing.T) {
 		{1 << 40, 64 << 20, 256 << 20},
 		// A small disk never goes below the largest value.
 		{1 << 30, 64 << 20, 64 << 20},
-		// With small values, extents shrink so every size class gets a few.
-		{3 << 30, 4 << 20, ((3 << 30) / int64(extentsPerClass*len(slab.SizeClasses(4<<20)))) &^ 4095},
+		// With small values, extents shrink so every size class gets a few (the target
+		// rounded so that whole extents tile the share: ceil(share/target) extents).
+		{3 << 30, 4 << 20, func() int64 {
+			target := ((3 << 30) / int64(extentsPerClass*len(slab.SizeClasses(4<<20)))) &^ 4095
+			n := (3<<30 + target - 1) / target
+			return ((3 << 30) / n) &^ 4095
+		}()},
 	}
 	for _, c := range cases {
 		got := autoExtent(c.share, c.maxValue)
 		if got != c.want || got%4096 != 0 || got < c.maxValue {
 			t.Errorf("autoExtent(%d, %d) = %d, want %d", c.share, c.maxValue, got, c.want)
+		}
+	}
+	// Whole extents tile the share (at most 4 KiB lost per extent), each holds the largest
+	// value, and they stay near the per-class target.
+	for _, c := range []struct{ share, maxValue int64 }{
+		{3 << 30, 4 << 20}, {125e6, 64 << 20}, {374e6, 64 << 20}, {1_497_366_528, 64 << 20},
+		{93_585_408, 1 << 20}, {7_798_784, 7_798_784 &^ 4095}, {1<<40 + 12345, 64 << 20},
+	} {
+		e := autoExtent(c.share, c.maxValue)
+		n := c.share / e
+		if e%4096 != 0 || e < c.maxValue || n < 1 || c.share-n*e >= n*4096 {
+			t.Errorf("autoExtent(%d, %d) = %d: %d extents leave %d bytes unused", c.share, c.maxValue, e, n, c.share-n*e)
+		}
+		if n > 1 && e > maxAutoExtent {
+			t.Errorf("autoExtent(%d, %d) = %d above %d", c.share, c.maxValue, e, maxAutoExtent)
+		}
+	}
+}
+
+func TestSlabMaxValue(t *testing.T) {
+	for _, c := range []struct{ share, maxMsg, want int64 }{
+		{1 << 30, 64 << 20, 64 << 20},
+		{23_395_328, 64 << 20, 23_392_256},
+		{1000, 64 << 20, 4096},
+	} {
+		if got := slabMaxValue(c.share, c.maxMsg); got != c.want {
+			t.Errorf("slabMaxValue(%d, %d) = %d, want %d", c.share, c.maxMsg, got, c.want)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,7 @@ var (
 	_ store.DirectWriter = (*Engine)(nil)
 	_ store.Observable   = (*Engine)(nil)
 	_ store.Lister       = (*Engine)(nil)
+	_ store.Toucher      = (*Engine)(nil)
 )
 
 // Engine is a slab engine over one directory. It is safe for concurrent use.
@@ -150,7 +152,7 @@ func Open(cfg Config) (*Engine, error) {
 		tblFd:     -1,
 		releaseCh: make(chan struct{}),
 	}
-	for _, size := range SizeClasses(cfg.MaxValueBytes) {
+	for _, size := range sizeClasses(cfg.MaxValueBytes) {
 		e.classes = append(e.classes, class{size: size})
 	}
 	for i := range e.shards {
@@ -174,11 +176,14 @@ func (e *Engine) open() error {
 	}
 	e.lockFd = fd
 
-	want := geometryOf(e.cfg)
 	old, formatted, err := readMeta(dir)
 	if err != nil {
 		return err
 	}
+	if formatted {
+		e.adoptClasses(old.Classes)
+	}
+	want := e.geometry()
 	if formatted {
 		if d := geometryDiff(old, want); d != "" {
 			return fmt.Errorf("existing data has a different geometry: %s; refusing to start "+
@@ -263,6 +268,47 @@ func (e *Engine) openExtents() error {
 	return syncDir(filepath.Join(e.cfg.Dir, extentsDir))
 }
 
+// adoptClasses keeps the size classes a directory was formatted with when they differ
+// from today's series but are valid for the configured maximum value: records name their
+// class by index, and an upgrade must not refuse to start over (or reinterpret) a cache
+// formatted before the series changed.
+func (e *Engine) adoptClasses(disk []int64) {
+	cur := make([]int64, len(e.classes))
+	for i, c := range e.classes {
+		cur[i] = c.size
+	}
+	if slices.Equal(disk, cur) || !validClasses(disk, e.cfg.MaxValueBytes) {
+		return // equal, or a real mismatch that geometryDiff reports
+	}
+	e.log.Info("slab: keeping the size classes the directory was formatted with", "classes", len(disk))
+	e.classes = e.classes[:0]
+	for _, size := range disk {
+		e.classes = append(e.classes, class{size: size})
+	}
+}
+
+// geometry is the superblock geometry of the open engine.
+func (e *Engine) geometry() meta {
+	m := geometryOf(e.cfg)
+	m.Classes = make([]int64, len(e.classes))
+	for i, c := range e.classes {
+		m.Classes[i] = c.size
+	}
+	return m
+}
+
+// Touch implements store.Toucher: it sets the value's CLOCK reference bit as a read does,
+// for tiers above (RAM) that served the read from their own copy.
+func (e *Engine) Touch(key store.Key) {
+	sh := e.shardOf(key)
+	sh.mu.RLock()
+	if s := sh.m[key]; s != nil { // in the index, hence live: evictLocked unlists under sh.mu
+		s.ref.Store(true)
+		s.ext.lastAccess.Store(e.tick.Add(1))
+	}
+	sh.mu.RUnlock()
+}
+
 // Close waits for in-flight operations, marks the directory clean and releases
 // resources. It is safe to call more than once.
 func (e *Engine) Close() error {
@@ -280,7 +326,7 @@ func (e *Engine) Close() error {
 		errs = append(errs, fmt.Errorf("sync %s: %w", tableName, err))
 	}
 	if len(errs) == 0 {
-		m := geometryOf(e.cfg)
+		m := e.geometry()
 		m.Epoch, m.Clean = e.epoch, true
 		if err := writeMeta(e.cfg.Dir, m); err != nil {
 			errs = append(errs, fmt.Errorf("write %s: %w", metaName, err))

@@ -1,0 +1,376 @@
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/cmd/internal/cli"
+)
+
+// traceOptions are the flags of `dfkv_bench trace`.
+type traceOptions struct {
+	trace          string
+	members        string
+	mds            string
+	mdsGroup       string
+	ns             string
+	blockBytes     cli.Size
+	speed          float64
+	asFast         bool
+	limit          int
+	capacityBlocks int64
+	minRatio       float64
+	ioTimeout      time.Duration
+	maxTime        time.Duration
+	progress       time.Duration
+	jsonOut        bool
+	label          string
+}
+
+// traceResult is the replay's outcome; the JSON form is one object with these fields.
+type traceResult struct {
+	Label          string  `json:"label,omitempty"`
+	Nodes          int     `json:"nodes"`
+	Requests       int     `json:"requests"`
+	BlockRefs      int64   `json:"block_refs"`
+	DistinctBlocks int64   `json:"distinct_blocks"`
+	BlockBytes     int64   `json:"block_bytes"`
+	PrefixHits     int64   `json:"prefix_hits"`
+	HitRatio       float64 `json:"hit_ratio"`
+	LRUHits        int64   `json:"lru_hits"`
+	LRURatio       float64 `json:"lru_ratio"`
+	MaxRatio       float64 `json:"max_ratio"`
+	CapacityBlocks int64   `json:"capacity_blocks"`
+	CapacityBytes  int64   `json:"capacity_bytes"`
+	// LiveBytes is the value bytes the cluster holds at the end (objects × block bytes);
+	// Efficiency = LiveBytes / CapacityBytes (0 when the nodes do not report stats).
+	LiveBytes    int64   `json:"live_bytes"`
+	Efficiency   float64 `json:"capacity_efficiency"`
+	VsLRU        float64 `json:"vs_lru"` // hit_ratio / lru_ratio
+	LookupMisses int64   `json:"lookup_then_get_misses"`
+	Puts         int64   `json:"puts"`
+	Errors       int64   `json:"errors"`
+	Corrupt      int64   `json:"corrupt"`
+	Seconds      float64 `json:"seconds"`
+}
+
+func (r *traceResult) line() string {
+	return fmt.Sprintf("trace: requests=%d block_refs=%d prefix_hits=%d hit_ratio=%.4f lru_ratio=%.4f max_ratio=%.4f capacity_blocks=%d",
+		r.Requests, r.BlockRefs, r.PrefixHits, r.HitRatio, r.LRURatio, r.MaxRatio, r.CapacityBlocks)
+}
+
+func traceUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, `usage: dfkv_bench trace --trace FILE (--members id=host:port,... | --mds host:port,...)
+                        --block-bytes N [--ns NS] [--speed X | --as-fast-as-possible] [--json]
+Replays an inference trace (Mooncake JSON lines, optionally .gz) against a live cluster: per
+request, in order, BatchExist on its blocks, BatchGet of the hit prefix (bytes verified), BatchPut
+of the blocks after the prefix. Compares the prefix hits with an exact LRU of the cluster's
+capacity in blocks and with an infinite cache.
+exit status: 0 ok, 1 errors, corrupt bytes or hit_ratio < --min-ratio × lru_ratio, 2 setup error
+flags:
+`)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+func parseTraceFlags(args []string, stderr io.Writer) (*traceOptions, int, bool) {
+	o := &traceOptions{blockBytes: 64 << 10}
+	fs := flag.NewFlagSet("dfkv_bench trace", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.trace, "trace", "", "trace file: JSON lines with hash_ids (plain or gzip)")
+	fs.StringVar(&o.members, "members", "", "dfkv nodes: id=host:port[,id=host:port...]")
+	fs.StringVar(&o.mds, "mds", "", "MDS endpoints host:port[,host:port...] (instead of --members)")
+	fs.StringVar(&o.mdsGroup, "mds-group", "", "MDS group (default: the client's default)")
+	fs.StringVar(&o.ns, "ns", "trace", "namespace of the replayed blocks")
+	fs.Var(&o.blockBytes, "block-bytes", "bytes of one KV block value (KiB/MiB suffixes)")
+	fs.Float64Var(&o.speed, "speed", 0, "pace request starts at X times the trace's timestamps (0: as fast as possible)")
+	fs.BoolVar(&o.asFast, "as-fast-as-possible", false, "ignore timestamps (the default)")
+	fs.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
+	fs.Int64Var(&o.capacityBlocks, "capacity-blocks", 0, "LRU capacity in blocks (0: the nodes' reported capacity ÷ block bytes)")
+	fs.Float64Var(&o.minRatio, "min-ratio", 0, "fail (exit 1) when hit_ratio < X × lru_ratio (0: off)")
+	fs.DurationVar(&o.ioTimeout, "io-timeout", 10*time.Second, "per-call I/O deadline")
+	fs.DurationVar(&o.maxTime, "max-time", time.Hour, "hard limit on the replay; reaching it is a failure")
+	fs.DurationVar(&o.progress, "progress", 5*time.Second, "progress line period on stderr (0: off)")
+	fs.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object after the trace: line")
+	fs.StringVar(&o.label, "label", "", "free-form label copied into the result")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			traceUsage(stderr, fs)
+			return nil, exitOK, false
+		}
+		fmt.Fprintln(stderr, "dfkv_bench trace:", err)
+		traceUsage(stderr, fs)
+		return nil, exitSetup, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "dfkv_bench trace: unexpected argument %q\n", fs.Arg(0))
+		return nil, exitSetup, false
+	}
+	var errs []error
+	switch {
+	case o.trace == "":
+		errs = append(errs, errors.New("--trace is required"))
+	case (o.members == "") == (o.mds == ""):
+		errs = append(errs, errors.New("give exactly one of --members and --mds"))
+	case o.blockBytes < 8 || o.blockBytes > 1<<30:
+		errs = append(errs, fmt.Errorf("--block-bytes %d out of range [8, 1GiB]", o.blockBytes))
+	case o.speed < 0 || (o.asFast && o.speed > 0):
+		errs = append(errs, errors.New("--speed must be positive and excludes --as-fast-as-possible"))
+	case o.limit < 0 || o.capacityBlocks < 0 || o.minRatio < 0 || o.maxTime <= 0 || o.ioTimeout <= 0:
+		errs = append(errs, errors.New("--limit, --capacity-blocks and --min-ratio must not be negative; --max-time and --io-timeout positive"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintln(stderr, "dfkv_bench trace:", err)
+		return nil, exitSetup, false
+	}
+	return o, 0, true
+}
+
+// traceMain is `dfkv_bench trace`.
+func traceMain(args []string, stdout, stderr io.Writer) int {
+	o, code, ok := parseTraceFlags(args, stderr)
+	if !ok {
+		return code
+	}
+	reqs, err := loadTrace(o.trace)
+	if err != nil {
+		fmt.Fprintln(stderr, "dfkv_bench trace:", err)
+		return exitSetup
+	}
+	if o.limit > 0 && o.limit < len(reqs) {
+		reqs = reqs[:o.limit]
+	}
+	c, err := openTraceClient(o)
+	if err != nil {
+		fmt.Fprintln(stderr, "dfkv_bench trace:", err)
+		return exitSetup
+	}
+	defer c.Close()
+	res, err := replayTrace(c, reqs, o, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "dfkv_bench trace:", err)
+		return exitSetup
+	}
+	fmt.Fprintln(stdout, res.line())
+	if o.jsonOut {
+		b, _ := json.Marshal(res)
+		fmt.Fprintln(stdout, string(b))
+	}
+	switch {
+	case res.Errors > 0 || res.Corrupt > 0:
+		fmt.Fprintf(stderr, "dfkv_bench trace: %d errors, %d blocks with wrong bytes\n", res.Errors, res.Corrupt)
+		return exitFail
+	case o.minRatio > 0 && res.HitRatio < o.minRatio*res.LRURatio:
+		fmt.Fprintf(stderr, "dfkv_bench trace: hit_ratio %.4f < %.3f × lru_ratio %.4f\n", res.HitRatio, o.minRatio, res.LRURatio)
+		return exitFail
+	}
+	return exitOK
+}
+
+func openTraceClient(o *traceOptions) (*client.Client, error) {
+	var ms client.Membership
+	if o.members != "" {
+		members, err := client.ParseMembers(o.members)
+		if err != nil {
+			return nil, err
+		}
+		if ms, err = client.NewStatic(members); err != nil {
+			return nil, err
+		}
+	} else {
+		m, err := client.NewMDSMembership(client.MDSOptions{Endpoints: strings.Split(o.mds, ","), Group: o.mdsGroup})
+		if err != nil {
+			return nil, err
+		}
+		ms = m
+	}
+	return client.New(client.Options{
+		Membership: ms,
+		Namespace:  []byte(o.ns),
+		IOTimeout:  o.ioTimeout,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+}
+
+// blockKey is the cache key of block id; blockFill derives the block's bytes from its id
+// (splitmix64 words), so that any byte a GET returns can be checked without keeping a copy.
+func blockKey(dst []byte, id uint64) []byte {
+	return strconv.AppendUint(append(dst[:0], "blk-"...), id, 10)
+}
+
+func blockFill(dst []byte, id uint64) {
+	x := id*0x9e3779b97f4a7c15 + 0x632be59bd9b4e5b
+	var w [8]byte
+	for i := 0; i < len(dst); i += 8 {
+		x += 0x9e3779b97f4a7c15
+		z := x
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		binary.LittleEndian.PutUint64(w[:], z^z>>31)
+		copy(dst[i:], w[:])
+	}
+}
+
+// clusterStats sums the capacity and object count the nodes report over STATS.
+func clusterStats(c *client.Client) (capacity, objects int64, nodes int, err error) {
+	for _, m := range c.View().Members {
+		st, err := c.NodeStats(m.Addr)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("stats of %s (%s): %w", m.ID, m.Addr, err)
+		}
+		capacity += int64(st["store_capacity_bytes"])
+		objects += int64(st["store_objects"])
+		nodes++
+	}
+	return capacity, objects, nodes, nil
+}
+
+// replayTrace drives the cluster with reqs, one request at a time in trace order, and
+// compares its prefix hits with the simulations at the cluster's capacity in blocks.
+func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progress io.Writer) (*traceResult, error) {
+	bb := int64(o.blockBytes)
+	capBytes, _, nodes, err := clusterStats(c)
+	if err != nil && o.capacityBlocks == 0 {
+		return nil, fmt.Errorf("%w (give --capacity-blocks when the nodes cannot report stats)", err)
+	}
+	if nodes == 0 {
+		return nil, errors.New("the membership has no nodes")
+	}
+	facts := factsOf(reqs)
+	res := &traceResult{Label: o.label, Nodes: nodes, Requests: facts.Requests, BlockRefs: facts.BlockRefs,
+		DistinctBlocks: facts.Distinct, BlockBytes: bb, CapacityBytes: capBytes, CapacityBlocks: o.capacityBlocks}
+	if res.CapacityBlocks == 0 {
+		res.CapacityBlocks = capBytes / bb
+	}
+	maxLen := 0
+	for _, q := range reqs {
+		maxLen = max(maxLen, len(q.HashIDs))
+	}
+	// One request's buffers, reused for every request: keys, values and GET targets.
+	keys := make([][]byte, maxLen)
+	vals := make([][]byte, maxLen)
+	want := make([]byte, bb)
+	for i := range keys {
+		keys[i] = make([]byte, 0, 24)
+		vals[i] = make([]byte, bb)
+	}
+	items := make([]client.Item, maxLen)
+
+	start := time.Now()
+	deadline := start.Add(o.maxTime)
+	lastProgress := start
+	for qi, q := range reqs {
+		now := time.Now()
+		if now.After(deadline) {
+			return nil, fmt.Errorf("--max-time %v reached after %d of %d requests", o.maxTime, qi, len(reqs))
+		}
+		if o.speed > 0 {
+			at := start.Add(time.Duration(float64(q.Timestamp) / o.speed * float64(time.Millisecond)))
+			if d := time.Until(at); d > 0 {
+				time.Sleep(d) // pacing the next start: there is no event to wait for
+			}
+		}
+		if o.progress > 0 && now.Sub(lastProgress) >= o.progress {
+			lastProgress = now
+			fmt.Fprintf(progress, "trace: %d/%d requests, prefix_hits=%d errors=%d (%.0fs)\n",
+				qi, len(reqs), res.PrefixHits, res.Errors, now.Sub(start).Seconds())
+		}
+		n := len(q.HashIDs)
+		if n == 0 {
+			continue
+		}
+		for i, id := range q.HashIDs {
+			keys[i] = blockKey(keys[i], id)
+			items[i] = client.Item{Key: keys[i]}
+		}
+		// Lookup: the prefix of present blocks is what the engine would reuse.
+		// TODO(issue 13): use the leased lookup once the server has it, so that the
+		// prefix cannot be evicted between this lookup and the GET.
+		if err := c.BatchExist(items[:n]); err != nil {
+			res.Errors += int64(n)
+			continue
+		}
+		prefix := 0
+		for prefix < n && items[prefix].Err == nil {
+			prefix++
+		}
+		for i := prefix; i < n; i++ {
+			if err := items[i].Err; err != nil && !client.IsMiss(err) {
+				res.Errors++
+			}
+		}
+		// Reuse: GET the prefix and verify every byte; a block that vanished since the
+		// lookup ends the prefix there (it is recomputed like any miss).
+		hits := 0
+		if prefix > 0 {
+			for i := 0; i < prefix; i++ {
+				items[i] = client.Item{Key: keys[i], Buf: vals[i]}
+			}
+			if err := c.BatchGet(items[:prefix], client.Exact); err != nil {
+				res.Errors += int64(prefix)
+			} else {
+				for hits < prefix {
+					it := &items[hits]
+					if it.Err != nil {
+						if client.IsMiss(it.Err) {
+							res.LookupMisses++
+						} else {
+							res.Errors++
+						}
+						break
+					}
+					blockFill(want, q.HashIDs[hits])
+					if it.N != bb || string(vals[hits]) != string(want) {
+						res.Corrupt++
+						break
+					}
+					hits++
+				}
+			}
+		}
+		res.PrefixHits += int64(hits)
+		// Recompute: store every block after the reused prefix.
+		if hits < n {
+			for i := hits; i < n; i++ {
+				blockFill(vals[i], q.HashIDs[i])
+				items[i] = client.Item{Key: keys[i], Value: vals[i]}
+			}
+			if err := c.BatchPut(items[hits:n]); err != nil {
+				res.Errors += int64(n - hits)
+			} else {
+				for i := hits; i < n; i++ {
+					if items[i].Err != nil {
+						res.Errors++
+					}
+				}
+			}
+			res.Puts += int64(n - hits)
+		}
+	}
+	res.Seconds = time.Since(start).Seconds()
+	if capBytes > 0 {
+		if _, objects, _, err := clusterStats(c); err == nil {
+			res.LiveBytes = objects * bb
+			res.Efficiency = float64(res.LiveBytes) / float64(capBytes)
+		}
+	}
+	res.LRUHits = lruHits(reqs, int(res.CapacityBlocks))
+	if facts.BlockRefs > 0 {
+		res.HitRatio = float64(res.PrefixHits) / float64(facts.BlockRefs)
+		res.LRURatio = float64(res.LRUHits) / float64(facts.BlockRefs)
+		res.MaxRatio = float64(maxHits(reqs)) / float64(facts.BlockRefs)
+	}
+	if res.LRURatio > 0 {
+		res.VsLRU = res.HitRatio / res.LRURatio
+	}
+	return res, nil
+}
