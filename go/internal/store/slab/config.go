@@ -9,8 +9,8 @@ import (
 
 // Defaults applied by Config.withDefaults.
 const (
-	DefaultExtentBytes     = 256 << 20
-	DefaultMaxValueBytes   = 64 << 20
+	DefaultExtentBytes   = 256 << 20
+	DefaultMaxValueBytes = 64 << 20
 	// The watermarks default to evicting on demand: the allocator already frees one slot
 	// per Put when its class is full (CLOCK), and holding 5-10% of the cache empty cost
 	// hits on a real trace (docs/BENCHMARKS.md, hit rate) for nothing in return.
