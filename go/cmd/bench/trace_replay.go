@@ -53,9 +53,13 @@ type traceResult struct {
 	CapacityBytes  int64   `json:"capacity_bytes"`
 	// LiveBytes is the value bytes the cluster holds at the end (objects × block bytes);
 	// Efficiency = LiveBytes / CapacityBytes (0 when the nodes do not report stats).
-	LiveBytes    int64   `json:"live_bytes"`
-	Efficiency   float64 `json:"capacity_efficiency"`
-	VsLRU        float64 `json:"vs_lru"` // hit_ratio / lru_ratio
+	LiveBytes  int64   `json:"live_bytes"`
+	Efficiency float64 `json:"capacity_efficiency"`
+	VsLRU      float64 `json:"vs_lru"` // hit_ratio / lru_ratio
+	// DiskReads counts the disk reads during the replay (store_read_bytes ÷ padded block);
+	// RAMServed = 1 - DiskReads/PrefixHits is the share of hits a RAM tier served.
+	DiskReads    int64   `json:"disk_reads"`
+	RAMServed    float64 `json:"hits_served_from_ram"`
 	LookupMisses int64   `json:"lookup_then_get_misses"`
 	Puts         int64   `json:"puts"`
 	Errors       int64   `json:"errors"`
@@ -220,28 +224,36 @@ func blockFill(dst []byte, id uint64) {
 	}
 }
 
-// clusterStats sums the capacity and object count the nodes report over STATS.
-func clusterStats(c *client.Client) (capacity, objects int64, nodes int, err error) {
+// clusterSnap sums what the nodes report over STATS.
+type clusterSnap struct {
+	capacity, objects, readBytes int64
+	nodes                        int
+}
+
+func clusterStats(c *client.Client) (clusterSnap, error) {
+	var s clusterSnap
 	for _, m := range c.View().Members {
 		st, err := c.NodeStats(m.Addr)
 		if err != nil {
-			return 0, 0, 0, fmt.Errorf("stats of %s (%s): %w", m.ID, m.Addr, err)
+			return clusterSnap{}, fmt.Errorf("stats of %s (%s): %w", m.ID, m.Addr, err)
 		}
-		capacity += int64(st["store_capacity_bytes"])
-		objects += int64(st["store_objects"])
-		nodes++
+		s.capacity += int64(st["store_capacity_bytes"])
+		s.objects += int64(st["store_objects"])
+		s.readBytes += int64(st["store_read_bytes"])
+		s.nodes++
 	}
-	return capacity, objects, nodes, nil
+	return s, nil
 }
 
 // replayTrace drives the cluster with reqs, one request at a time in trace order, and
 // compares its prefix hits with the simulations at the cluster's capacity in blocks.
 func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progress io.Writer) (*traceResult, error) {
 	bb := int64(o.blockBytes)
-	capBytes, _, nodes, err := clusterStats(c)
+	snap0, err := clusterStats(c)
 	if err != nil && o.capacityBlocks == 0 {
 		return nil, fmt.Errorf("%w (give --capacity-blocks when the nodes cannot report stats)", err)
 	}
+	capBytes, nodes := snap0.capacity, len(c.View().Members)
 	if nodes == 0 {
 		return nil, errors.New("the membership has no nodes")
 	}
@@ -358,9 +370,14 @@ func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progres
 	}
 	res.Seconds = time.Since(start).Seconds()
 	if capBytes > 0 {
-		if _, objects, _, err := clusterStats(c); err == nil {
-			res.LiveBytes = objects * bb
+		if snap, err := clusterStats(c); err == nil {
+			res.LiveBytes = snap.objects * bb
 			res.Efficiency = float64(res.LiveBytes) / float64(capBytes)
+			// Disk reads are the hits a RAM tier did not serve (one O_DIRECT read each).
+			res.DiskReads = (snap.readBytes - snap0.readBytes) / ((bb + 4095) &^ 4095)
+			if res.PrefixHits > 0 {
+				res.RAMServed = max(0, 1-float64(res.DiskReads)/float64(res.PrefixHits))
+			}
 		}
 	}
 	res.LRUHits = lruHits(reqs, int(res.CapacityBlocks))

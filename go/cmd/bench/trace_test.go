@@ -221,7 +221,7 @@ func TestTraceReplayTiny(t *testing.T) {
 	addr := startMemServer(t, 64<<20)
 	r, code, stderr := runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "tiny")
 	want := traceResult{Nodes: 1, Requests: 7, BlockRefs: 16, DistinctBlocks: 5, BlockBytes: 4096, PrefixHits: 9,
-		LRUHits: 9, CapacityBlocks: 64 << 20 / 4096, CapacityBytes: 64 << 20, LiveBytes: 5 * 4096, Puts: 7}
+		LRUHits: 9, CapacityBlocks: 64 << 20 / 4096, CapacityBytes: 64 << 20, LiveBytes: 5 * 4096, Puts: 7, DiskReads: 9}
 	got := r
 	got.HitRatio, got.LRURatio, got.MaxRatio, got.Efficiency, got.VsLRU, got.Seconds = 0, 0, 0, 0, 0, 0
 	if code != exitOK || got != want || r.HitRatio != 9.0/16 || r.MaxRatio != 9.0/16 || r.VsLRU != 1 {
