@@ -87,8 +87,8 @@ func startDfkvServer(t *testing.T, capBytes int64, extra ...string) string {
 
 // End to end: real dfkv_server processes (slab engine, default flags but --cap), the
 // replayer through the Go client, on a slice of the shipped trace at 1/4 of the slice's
-// distinct blocks. Every hit's bytes are verified; the cluster must hit at least 0.98x
-// what an exact LRU of its capacity hits.
+// distinct blocks. Every hit's bytes are verified; each node must hit at least 0.98x what
+// an exact LRU of its capacity hits on its share of the keys.
 func TestTraceReplayLiveCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts dfkv_server processes; run without -short")
@@ -110,16 +110,20 @@ func TestTraceReplayLiveCluster(t *testing.T) {
 			r, code, stderr := runTrace(t, "--trace", shippedTrace, "--limit", strconv.Itoa(slice),
 				"--members", strings.Join(members, ","), "--block-bytes", strconv.Itoa(blockBytes),
 				"--progress", "0", "--max-time", "2m")
-			t.Logf("%d nodes: hit_ratio=%.4f lru_ratio=%.4f (x%.3f) max_ratio=%.4f capacity_blocks=%d efficiency=%.3f %.1fs",
-				nodes, r.HitRatio, r.LRURatio, r.VsLRU, r.MaxRatio, r.CapacityBlocks, r.Efficiency, r.Seconds)
+			t.Logf("%d nodes: hit_ratio=%.4f lru_ratio=%.4f (x%.3f) node_lru_ratio=%.4f (x%.3f) max_ratio=%.4f capacity_blocks=%d efficiency=%.3f ram_served=%.2f %.1fs",
+				nodes, r.HitRatio, r.LRURatio, r.VsLRU, r.NodeLRURatio, r.VsNodeLRU, r.MaxRatio, r.CapacityBlocks, r.Efficiency, r.RAMServed, r.Seconds)
 			if code != exitOK || r.Errors != 0 || r.Corrupt != 0 || r.Requests != slice {
 				t.Fatalf("exit %d: %+v\n%s", code, r, stderr)
 			}
 			if r.CapacityBlocks < capBlocks-int64(nodes) || r.CapacityBlocks > capBlocks {
 				t.Fatalf("capacity %d blocks reported, %d configured", r.CapacityBlocks, capBlocks)
 			}
-			if r.PrefixHits == 0 || r.HitRatio < 0.98*r.LRURatio {
-				t.Fatalf("hit_ratio %.4f < 0.98 x lru_ratio %.4f", r.HitRatio, r.LRURatio)
+			// Each node's eviction must match an exact LRU of that node's capacity fed the
+			// keys the ring routes to it. With one node that is the LRU of the whole
+			// capacity; with several, the ring's imbalance keeps even per-node LRU under the
+			// single LRU (docs/BENCHMARKS.md, hit rate), which is not the eviction's doing.
+			if r.PrefixHits == 0 || r.HitRatio < 0.98*r.NodeLRURatio || (nodes == 1 && r.NodeLRUHits != r.LRUHits) {
+				t.Fatalf("hit_ratio %.4f < 0.98 x node_lru_ratio %.4f (lru_ratio %.4f)", r.HitRatio, r.NodeLRURatio, r.LRURatio)
 			}
 			if r.Efficiency < 0.9 {
 				t.Fatalf("capacity efficiency %.3f < 0.9 with uniform blocks", r.Efficiency)

@@ -48,6 +48,11 @@ type traceResult struct {
 	HitRatio       float64 `json:"hit_ratio"`
 	LRUHits        int64   `json:"lru_hits"`
 	LRURatio       float64 `json:"lru_ratio"`
+	// NodeLRU: one exact LRU per node at that node's capacity, fed by the client's routing
+	// (equal to LRU on one node). The gap between it and LRU is the ring's imbalance.
+	NodeLRUHits    int64   `json:"node_lru_hits"`
+	NodeLRURatio   float64 `json:"node_lru_ratio"`
+	VsNodeLRU      float64 `json:"vs_node_lru"`
 	MaxRatio       float64 `json:"max_ratio"`
 	CapacityBlocks int64   `json:"capacity_blocks"`
 	CapacityBytes  int64   `json:"capacity_bytes"`
@@ -68,8 +73,8 @@ type traceResult struct {
 }
 
 func (r *traceResult) line() string {
-	return fmt.Sprintf("trace: requests=%d block_refs=%d prefix_hits=%d hit_ratio=%.4f lru_ratio=%.4f max_ratio=%.4f capacity_blocks=%d",
-		r.Requests, r.BlockRefs, r.PrefixHits, r.HitRatio, r.LRURatio, r.MaxRatio, r.CapacityBlocks)
+	return fmt.Sprintf("trace: requests=%d block_refs=%d prefix_hits=%d hit_ratio=%.4f lru_ratio=%.4f max_ratio=%.4f capacity_blocks=%d node_lru_ratio=%.4f efficiency=%.3f",
+		r.Requests, r.BlockRefs, r.PrefixHits, r.HitRatio, r.LRURatio, r.MaxRatio, r.CapacityBlocks, r.NodeLRURatio, r.Efficiency)
 }
 
 func traceUsage(w io.Writer, fs *flag.FlagSet) {
@@ -228,6 +233,7 @@ func blockFill(dst []byte, id uint64) {
 type clusterSnap struct {
 	capacity, objects, readBytes int64
 	nodes                        int
+	nodeCapacity                 []int64 // index-aligned with View().Members
 }
 
 func clusterStats(c *client.Client) (clusterSnap, error) {
@@ -238,6 +244,7 @@ func clusterStats(c *client.Client) (clusterSnap, error) {
 			return clusterSnap{}, fmt.Errorf("stats of %s (%s): %w", m.ID, m.Addr, err)
 		}
 		s.capacity += int64(st["store_capacity_bytes"])
+		s.nodeCapacity = append(s.nodeCapacity, int64(st["store_capacity_bytes"]))
 		s.objects += int64(st["store_objects"])
 		s.readBytes += int64(st["store_read_bytes"])
 		s.nodes++
@@ -381,6 +388,11 @@ func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progres
 		}
 	}
 	res.LRUHits = lruHits(reqs, int(res.CapacityBlocks))
+	if nodes > 1 {
+		res.NodeLRUHits = nodeLRUHits(c, reqs, snap0.nodeCapacity, res.CapacityBlocks, bb)
+	} else {
+		res.NodeLRUHits = res.LRUHits
+	}
 	if facts.BlockRefs > 0 {
 		res.HitRatio = float64(res.PrefixHits) / float64(facts.BlockRefs)
 		res.LRURatio = float64(res.LRUHits) / float64(facts.BlockRefs)
@@ -389,5 +401,48 @@ func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progres
 	if res.LRURatio > 0 {
 		res.VsLRU = res.HitRatio / res.LRURatio
 	}
+	if facts.BlockRefs > 0 && res.NodeLRUHits > 0 {
+		res.NodeLRURatio = float64(res.NodeLRUHits) / float64(facts.BlockRefs)
+		res.VsNodeLRU = res.HitRatio / res.NodeLRURatio
+	}
 	return res, nil
+}
+
+// partitionedCache routes each block to one of several caches, as the client routes keys.
+type partitionedCache struct {
+	owner map[uint64]int
+	nodes []blockCache
+}
+
+func (p *partitionedCache) hit(id uint64) bool { return p.nodes[p.owner[id]].hit(id) }
+func (p *partitionedCache) store(id uint64)    { p.nodes[p.owner[id]].store(id) }
+
+// nodeLRUHits simulates one exact LRU per node, each of that node's capacity in blocks
+// (equal shares of capacityBlocks when the nodes did not report), fed the blocks the
+// client's ring routes to it: the best a per-node eviction policy can match, whatever the
+// ring's balance.
+func nodeLRUHits(c *client.Client, reqs []traceRequest, nodeCap []int64, capacityBlocks, bb int64) int64 {
+	v := c.View()
+	index := make(map[string]int, len(v.Members))
+	p := &partitionedCache{owner: make(map[uint64]int)}
+	for i, m := range v.Members {
+		index[m.ID] = i
+		blocks := capacityBlocks / int64(len(v.Members))
+		if len(nodeCap) == len(v.Members) {
+			blocks = nodeCap[i] / bb
+		}
+		p.nodes = append(p.nodes, newLRU(int(blocks)))
+	}
+	var key []byte
+	for _, q := range reqs {
+		for _, h := range q.HashIDs {
+			if _, ok := p.owner[h]; ok {
+				continue
+			}
+			key = blockKey(key, h)
+			m, _ := v.Owner(c.ID(key).Hi)
+			p.owner[h] = index[m.ID]
+		}
+	}
+	return simulate(reqs, p)
 }

@@ -110,6 +110,19 @@ func TestTraceSimulationTiny(t *testing.T) {
 			t.Errorf("LRU of %d blocks: %d hits, want %d", tc.capacity, got, tc.want)
 		}
 	}
+	// Partitioned: blocks 1 and 2 on node 0 (2 blocks), 3, 4 and 5 on node 1 (1 block).
+	// r2 hits 1 2; r3 hits 1 2 (3 was evicted by 4); r4: 5 misses; r5 hits 1 2 (3 evicted
+	// by 5); r7: 4 was evicted by 3 in r5. 6 hits, like the single LRU of 3.
+	p := &partitionedCache{owner: map[uint64]int{1: 0, 2: 0, 3: 1, 4: 1, 5: 1}, nodes: []blockCache{newLRU(2), newLRU(1)}}
+	if got := simulate(reqs, p); got != 6 {
+		t.Errorf("partitioned LRU: %d hits, want 6", got)
+	}
+	// Node 0 of 1 block: 1 and 2 evict each other, so no request gets past block 1; only
+	// r7's single block 4 hits (node 1 holds 3, 4 and 5).
+	p = &partitionedCache{owner: map[uint64]int{1: 0, 2: 0, 3: 1, 4: 1, 5: 1}, nodes: []blockCache{newLRU(1), newLRU(3)}}
+	if got := simulate(reqs, p); got != 1 {
+		t.Errorf("partitioned LRU with a 1-block node 0: %d hits, want 1", got)
+	}
 }
 
 // The simulation reproduces the reference figures of the trace's README.
@@ -221,9 +234,10 @@ func TestTraceReplayTiny(t *testing.T) {
 	addr := startMemServer(t, 64<<20)
 	r, code, stderr := runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "tiny")
 	want := traceResult{Nodes: 1, Requests: 7, BlockRefs: 16, DistinctBlocks: 5, BlockBytes: 4096, PrefixHits: 9,
-		LRUHits: 9, CapacityBlocks: 64 << 20 / 4096, CapacityBytes: 64 << 20, LiveBytes: 5 * 4096, Puts: 7, DiskReads: 9}
+		LRUHits: 9, CapacityBlocks: 64 << 20 / 4096, CapacityBytes: 64 << 20, LiveBytes: 5 * 4096, Puts: 7, DiskReads: 9, NodeLRUHits: 9}
 	got := r
 	got.HitRatio, got.LRURatio, got.MaxRatio, got.Efficiency, got.VsLRU, got.Seconds = 0, 0, 0, 0, 0, 0
+	got.NodeLRURatio, got.VsNodeLRU = 0, 0
 	if code != exitOK || got != want || r.HitRatio != 9.0/16 || r.MaxRatio != 9.0/16 || r.VsLRU != 1 {
 		t.Fatalf("exit %d (%s)\n got %+v\nwant %+v", code, stderr, r, want)
 	}
