@@ -30,6 +30,9 @@ type engineConfig struct {
 const (
 	extentsPerClass = 4
 	maxAutoExtent   = 256 << 20
+	// minSlabShare is the smallest disk share the slab engine is given: below it a node is
+	// more likely misconfigured (a unit typo in --cap) than meant as a cache.
+	minSlabShare = 4 << 20
 )
 
 func autoExtent(share, maxValue int64) int64 {
@@ -78,8 +81,16 @@ func openEngine(c engineConfig) (store.Engine, error) {
 		}
 		share := c.capacity / int64(len(c.dirs))
 		extent, maxValue := c.extent, c.maxValue
+		if c.kind == "slab" && share < minSlabShare {
+			return nil, fmt.Errorf("--cap %d gives each of the %d disks %d bytes; the slab engine needs at least %d per disk",
+				c.capacity, len(c.dirs), share, int64(minSlabShare))
+		}
 		if c.kind == "slab" && extent == 0 {
 			maxValue = slabMaxValue(share, c.maxValue)
+			if maxValue < c.maxValue {
+				c.log.Warn("slab: the disk share is smaller than --max-msg; larger values are refused",
+					"share", share, "max_value", maxValue, "max_msg", c.maxValue)
+			}
 			extent = autoExtent(share, maxValue)
 			// A formatted disk keeps its extent size: the automatic choice changed
 			// between releases and a geometry change refuses to start.

@@ -1,8 +1,15 @@
 package main
 
 import (
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
 	"testing"
 
+	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/store/group"
 	"github.com/dfkv/dfkv/go/internal/store/slab"
 )
 
@@ -72,5 +79,31 @@ func TestParseFlagsAndEnv(t *testing.T) {
 	}
 	if _, err := parse([]string{"--cap", "lots"}); err == nil {
 		t.Fatal("bad size accepted")
+	}
+}
+
+func TestOpenEngineSmallShares(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Below the minimum share: refused with the numbers.
+	_, err := openEngine(engineConfig{kind: "slab", dirs: []string{t.TempDir()}, capacity: 1 << 20, maxValue: 64 << 20, log: log})
+	if err == nil || !strings.Contains(err.Error(), "at least") {
+		t.Fatalf("1 MiB slab share: %v", err)
+	}
+	// A share under --max-msg starts, with values capped at the share, and whole extents
+	// cover the capacity.
+	const share = 31_195_136
+	e, err := openEngine(engineConfig{kind: "slab", dirs: []string{t.TempDir()}, capacity: share, maxValue: 64 << 20, log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	k := store.Key{ID: identity.ObjectID{Hi: 1, Lo: 2}}
+	big := make([]byte, share&^4095+1)
+	if err := e.Put(k, len(big), func(dst []byte) error { copy(dst, big); return nil }); !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("value above the share: %v, want ErrTooLarge", err)
+	}
+	g := e.(*group.Group).Members()[0].(*slab.Engine).Config()
+	if n := share / g.ExtentBytes; share-n*g.ExtentBytes >= n*4096 {
+		t.Fatalf("extent %d leaves %d of %d bytes unused", g.ExtentBytes, share-n*g.ExtentBytes, share)
 	}
 }
