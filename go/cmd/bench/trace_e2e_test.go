@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,6 +125,9 @@ func TestTraceReplayLiveCluster(t *testing.T) {
 			// single LRU (docs/BENCHMARKS.md, hit rate), which is not the eviction's doing.
 			if r.PrefixHits == 0 || r.HitRatio < 0.98*r.NodeLRURatio || (nodes == 1 && r.NodeLRUHits != r.LRUHits) {
 				t.Fatalf("hit_ratio %.4f < 0.98 x node_lru_ratio %.4f (lru_ratio %.4f)", r.HitRatio, r.NodeLRURatio, r.LRURatio)
+			}
+			if nodes > 1 && (len(r.NodeShares) != nodes || math.Abs(r.NodeShares[0]+r.NodeShares[1]+r.NodeShares[2]-1) > 1e-9) {
+				t.Fatalf("node key shares %v", r.NodeShares)
 			}
 			if r.Efficiency < 0.9 {
 				t.Fatalf("capacity efficiency %.3f < 0.9 with uniform blocks", r.Efficiency)

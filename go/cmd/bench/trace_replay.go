@@ -50,12 +50,15 @@ type traceResult struct {
 	LRURatio       float64 `json:"lru_ratio"`
 	// NodeLRU: one exact LRU per node at that node's capacity, fed by the client's routing
 	// (equal to LRU on one node). The gap between it and LRU is the ring's imbalance.
-	NodeLRUHits    int64   `json:"node_lru_hits"`
-	NodeLRURatio   float64 `json:"node_lru_ratio"`
-	VsNodeLRU      float64 `json:"vs_node_lru"`
-	MaxRatio       float64 `json:"max_ratio"`
-	CapacityBlocks int64   `json:"capacity_blocks"`
-	CapacityBytes  int64   `json:"capacity_bytes"`
+	NodeLRUHits  int64   `json:"node_lru_hits"`
+	NodeLRURatio float64 `json:"node_lru_ratio"`
+	VsNodeLRU    float64 `json:"vs_node_lru"`
+	// NodeShares is each node's share of the distinct blocks under the client's routing
+	// (View().Members order); absent with one node.
+	NodeShares     []float64 `json:"node_key_shares,omitempty"`
+	MaxRatio       float64   `json:"max_ratio"`
+	CapacityBlocks int64     `json:"capacity_blocks"`
+	CapacityBytes  int64     `json:"capacity_bytes"`
 	// LiveBytes is the value bytes the cluster holds at the end (objects × block bytes);
 	// Efficiency = LiveBytes / CapacityBytes (0 when the nodes do not report stats).
 	LiveBytes  int64   `json:"live_bytes"`
@@ -389,7 +392,7 @@ func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progres
 	}
 	res.LRUHits = lruHits(reqs, int(res.CapacityBlocks))
 	if nodes > 1 {
-		res.NodeLRUHits = nodeLRUHits(c, reqs, snap0.nodeCapacity, res.CapacityBlocks, bb)
+		res.NodeLRUHits, res.NodeShares = nodeLRUHits(c, reqs, snap0.nodeCapacity, res.CapacityBlocks, bb)
 	} else {
 		res.NodeLRUHits = res.LRUHits
 	}
@@ -421,7 +424,8 @@ func (p *partitionedCache) store(id uint64)    { p.nodes[p.owner[id]].store(id) 
 // (equal shares of capacityBlocks when the nodes did not report), fed the blocks the
 // client's ring routes to it: the best a per-node eviction policy can match, whatever the
 // ring's balance.
-func nodeLRUHits(c *client.Client, reqs []traceRequest, nodeCap []int64, capacityBlocks, bb int64) int64 {
+// It also returns each node's share of the distinct blocks.
+func nodeLRUHits(c *client.Client, reqs []traceRequest, nodeCap []int64, capacityBlocks, bb int64) (int64, []float64) {
 	v := c.View()
 	index := make(map[string]int, len(v.Members))
 	p := &partitionedCache{owner: make(map[uint64]int)}
@@ -444,5 +448,9 @@ func nodeLRUHits(c *client.Client, reqs []traceRequest, nodeCap []int64, capacit
 			p.owner[h] = index[m.ID]
 		}
 	}
-	return simulate(reqs, p)
+	shares := make([]float64, len(v.Members))
+	for _, i := range p.owner {
+		shares[i] += 1 / float64(len(p.owner))
+	}
+	return simulate(reqs, p), shares
 }

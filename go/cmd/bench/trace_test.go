@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/store"
@@ -238,14 +240,19 @@ func TestTraceReplayTiny(t *testing.T) {
 	got := r
 	got.HitRatio, got.LRURatio, got.MaxRatio, got.Efficiency, got.VsLRU, got.Seconds = 0, 0, 0, 0, 0, 0
 	got.NodeLRURatio, got.VsNodeLRU = 0, 0
-	if code != exitOK || got != want || r.HitRatio != 9.0/16 || r.MaxRatio != 9.0/16 || r.VsLRU != 1 {
-		t.Fatalf("exit %d (%s)\n got %+v\nwant %+v", code, stderr, r, want)
+	if d := cmp.Diff(want, got); code != exitOK || d != "" || r.HitRatio != 9.0/16 || r.MaxRatio != 9.0/16 || r.VsLRU != 1 {
+		t.Fatalf("exit %d (%s) %+v; diff (-want +got):\n%s", code, stderr, r, d)
 	}
 	// --capacity-blocks sets the LRU's size; --limit replays a prefix of the trace.
 	r, code, _ = runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "tiny2",
 		"--capacity-blocks", "3", "--limit", "5")
 	if code != exitOK || r.Requests != 5 || r.BlockRefs != 15 || r.LRUHits != 6 || r.PrefixHits != 8 {
 		t.Fatalf("capacity 3, 5 requests: exit %d %+v", code, r)
+	}
+	// --speed paces request starts by the timestamps (the last request starts at 30 ms).
+	r, code, _ = runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "paced", "--speed", "1")
+	if code != exitOK || r.PrefixHits != 9 || r.Seconds < 0.030 {
+		t.Fatalf("--speed 1: exit %d, %d hits in %.3fs (the trace spans 30 ms)", code, r.PrefixHits, r.Seconds)
 	}
 	// --min-ratio fails a replay that hits less than that share of LRU.
 	if _, code, _ = runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "tiny3",
