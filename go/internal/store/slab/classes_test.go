@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -138,5 +139,35 @@ func TestUnreadValuesEvictedFirst(t *testing.T) {
 	}
 	if s := e.Stats(); s.Evictions != int64(slots/2) {
 		t.Fatalf("%d evictions, want %d", s.Evictions, slots/2)
+	}
+}
+
+// A superblock whose class series is not a valid one for the configuration is refused,
+// not adopted.
+func TestInvalidDiskClassesRefused(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	e := mustOpen(t, cfg)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, metaName)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m meta
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	m.Classes = []int64{4096, 8192, 12288} // does not reach the max value
+	if err := writeMeta(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := Open(cfg); err == nil {
+		e.Close()
+		t.Fatal("Open adopted an invalid class series")
+	} else if !strings.Contains(err.Error(), "size classes differ") {
+		t.Fatalf("Open = %v, want it to name the size classes", err)
 	}
 }
