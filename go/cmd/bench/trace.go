@@ -208,3 +208,62 @@ func lruHits(reqs []traceRequest, capacityBlocks int) int64 {
 }
 
 func maxHits(reqs []traceRequest) int64 { return simulate(reqs, infiniteCache{}) }
+
+// clockCache models the slab engine's eviction within one size class: slots in a ring, a
+// hand that skips (and clears) referenced slots and evicts the first unreferenced live
+// one; a hit sets the bit. refOnInsert says whether a stored value starts referenced (the
+// slab before issue 18) or not (the slab now). Like the slab, a rewrite of a present
+// block takes a new slot first (a free one, else the hand's victim) and only then frees
+// its old slot, which the next insert reuses (the free list is last in, first out).
+type clockCache struct {
+	capacity    int
+	refOnInsert bool
+	ids         []uint64
+	ref         []bool
+	live        []bool
+	free        []int
+	idx         map[uint64]int
+	hand        int
+}
+
+func newClock(capacity int, refOnInsert bool) *clockCache {
+	return &clockCache{capacity: capacity, refOnInsert: refOnInsert, idx: make(map[uint64]int, capacity)}
+}
+
+func (c *clockCache) hit(id uint64) bool {
+	i, ok := c.idx[id]
+	if ok {
+		c.ref[i] = true
+	}
+	return ok
+}
+
+func (c *clockCache) store(id uint64) {
+	if c.capacity <= 0 {
+		return
+	}
+	old, rewrite := c.idx[id]
+	var i int
+	switch {
+	case len(c.free) > 0:
+		i = c.free[len(c.free)-1]
+		c.free = c.free[:len(c.free)-1]
+	case len(c.ids) < c.capacity:
+		i = len(c.ids)
+		c.ids, c.ref, c.live = append(c.ids, 0), append(c.ref, false), append(c.live, false)
+	default:
+		for !c.live[c.hand] || c.ref[c.hand] {
+			c.ref[c.hand] = false
+			c.hand = (c.hand + 1) % c.capacity
+		}
+		i = c.hand
+		delete(c.idx, c.ids[i])
+		c.hand = (c.hand + 1) % c.capacity
+	}
+	c.ids[i], c.ref[i], c.live[i] = id, c.refOnInsert, true
+	c.idx[id] = i
+	if rewrite && old != i {
+		c.live[old], c.ref[old] = false, false
+		c.free = append(c.free, old)
+	}
+}

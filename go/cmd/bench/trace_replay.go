@@ -34,6 +34,7 @@ type traceOptions struct {
 	progress       time.Duration
 	jsonOut        bool
 	label          string
+	simulate       bool
 }
 
 // traceResult is the replay's outcome; the JSON form is one object with these fields.
@@ -114,6 +115,7 @@ func parseTraceFlags(args []string, stderr io.Writer) (*traceOptions, int, bool)
 	fs.DurationVar(&o.progress, "progress", 5*time.Second, "progress line period on stderr (0: off)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object after the trace: line")
 	fs.StringVar(&o.label, "label", "", "free-form label copied into the result")
+	fs.BoolVar(&o.simulate, "simulate", false, "no cluster: print the simulated policies at --capacity-blocks (per node over --members' ring when it names several)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			traceUsage(stderr, fs)
@@ -131,7 +133,9 @@ func parseTraceFlags(args []string, stderr io.Writer) (*traceOptions, int, bool)
 	switch {
 	case o.trace == "":
 		errs = append(errs, errors.New("--trace is required"))
-	case (o.members == "") == (o.mds == ""):
+	case o.simulate && (o.capacityBlocks <= 0 || o.mds != ""):
+		errs = append(errs, errors.New("--simulate needs --capacity-blocks (and --members, not --mds, for a ring)"))
+	case !o.simulate && (o.members == "") == (o.mds == ""):
 		errs = append(errs, errors.New("give exactly one of --members and --mds"))
 	case o.blockBytes < 8 || o.blockBytes > 1<<30:
 		errs = append(errs, fmt.Errorf("--block-bytes %d out of range [8, 1GiB]", o.blockBytes))
@@ -160,6 +164,13 @@ func traceMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if o.limit > 0 && o.limit < len(reqs) {
 		reqs = reqs[:o.limit]
+	}
+	if o.simulate {
+		if err := simulatePolicies(stdout, reqs, o); err != nil {
+			fmt.Fprintln(stderr, "dfkv_bench trace:", err)
+			return exitSetup
+		}
+		return exitOK
 	}
 	c, err := openTraceClient(o)
 	if err != nil {
@@ -411,6 +422,86 @@ func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progres
 	return res, nil
 }
 
+// simulatePolicies prints, for the trace at o.capacityBlocks, the hits of each simulated
+// policy and their ratio to an exact LRU: the infinite cache, LRU, the slab's CLOCK (new
+// values unreferenced) and the CLOCK the slab had before (referenced on insert); with
+// several --members, the same per node (equal shares) over the client's ring, plus each
+// node's share of the blocks. No node is contacted.
+func simulatePolicies(w io.Writer, reqs []traceRequest, o *traceOptions) error {
+	facts := factsOf(reqs)
+	capBlocks := int(o.capacityBlocks)
+	lru := lruHits(reqs, capBlocks)
+	line := func(policy string, hits int64) {
+		vs := 0.0
+		if lru > 0 {
+			vs = float64(hits) / float64(lru)
+		}
+		fmt.Fprintf(w, "sim: policy=%s capacity_blocks=%d hits=%d ratio=%.4f vs_lru=%.3f\n",
+			policy, capBlocks, hits, float64(hits)/float64(max(facts.BlockRefs, 1)), vs)
+	}
+	line("infinite", maxHits(reqs))
+	line("lru", lru)
+	line("clock", simulate(reqs, newClock(capBlocks, false)))
+	line("clock-ref-on-insert", simulate(reqs, newClock(capBlocks, true)))
+	if o.members == "" {
+		return nil
+	}
+	c, err := openTraceClient(o) // routing only: nothing is dialled
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	v := c.View()
+	if len(v.Members) < 2 {
+		return nil
+	}
+	owner, shares := routeBlocks(c, reqs)
+	per := capBlocks / len(v.Members)
+	for _, pol := range []struct {
+		name string
+		mk   func() blockCache
+	}{
+		{"node-lru", func() blockCache { return newLRU(per) }},
+		{"node-clock", func() blockCache { return newClock(per, false) }},
+		{"node-clock-ref-on-insert", func() blockCache { return newClock(per, true) }},
+	} {
+		p := &partitionedCache{owner: owner}
+		for range v.Members {
+			p.nodes = append(p.nodes, pol.mk())
+		}
+		line(pol.name, simulate(reqs, p))
+	}
+	fmt.Fprintf(w, "sim: node_key_shares=%.4f\n", shares)
+	return nil
+}
+
+// routeBlocks maps every block of the trace to the index (in View().Members) of the node
+// the client routes its key to, and returns each node's share of the distinct blocks.
+func routeBlocks(c *client.Client, reqs []traceRequest) (map[uint64]int, []float64) {
+	v := c.View()
+	index := make(map[string]int, len(v.Members))
+	for i, m := range v.Members {
+		index[m.ID] = i
+	}
+	owner := make(map[uint64]int)
+	var key []byte
+	for _, q := range reqs {
+		for _, h := range q.HashIDs {
+			if _, ok := owner[h]; ok {
+				continue
+			}
+			key = blockKey(key, h)
+			m, _ := v.Owner(c.ID(key).Hi)
+			owner[h] = index[m.ID]
+		}
+	}
+	shares := make([]float64, len(v.Members))
+	for _, i := range owner {
+		shares[i] += 1 / float64(len(owner))
+	}
+	return owner, shares
+}
+
 // partitionedCache routes each block to one of several caches, as the client routes keys.
 type partitionedCache struct {
 	owner map[uint64]int
@@ -427,30 +518,14 @@ func (p *partitionedCache) store(id uint64)    { p.nodes[p.owner[id]].store(id) 
 // It also returns each node's share of the distinct blocks.
 func nodeLRUHits(c *client.Client, reqs []traceRequest, nodeCap []int64, capacityBlocks, bb int64) (int64, []float64) {
 	v := c.View()
-	index := make(map[string]int, len(v.Members))
-	p := &partitionedCache{owner: make(map[uint64]int)}
-	for i, m := range v.Members {
-		index[m.ID] = i
+	owner, shares := routeBlocks(c, reqs)
+	p := &partitionedCache{owner: owner}
+	for i := range v.Members {
 		blocks := capacityBlocks / int64(len(v.Members))
 		if len(nodeCap) == len(v.Members) {
 			blocks = nodeCap[i] / bb
 		}
 		p.nodes = append(p.nodes, newLRU(int(blocks)))
-	}
-	var key []byte
-	for _, q := range reqs {
-		for _, h := range q.HashIDs {
-			if _, ok := p.owner[h]; ok {
-				continue
-			}
-			key = blockKey(key, h)
-			m, _ := v.Owner(c.ID(key).Hi)
-			p.owner[h] = index[m.ID]
-		}
-	}
-	shares := make([]float64, len(v.Members))
-	for _, i := range p.owner {
-		shares[i] += 1 / float64(len(p.owner))
 	}
 	return simulate(reqs, p), shares
 }

@@ -279,3 +279,75 @@ func TestTraceReplayTiny(t *testing.T) {
 		t.Fatalf("unreachable node: exit %d", code)
 	}
 }
+
+// The slab's CLOCK model, step by step (hand positions in the comments).
+func TestClockModel(t *testing.T) {
+	has := func(c blockCache, want ...uint64) {
+		t.Helper()
+		cc := c.(*clockCache)
+		if len(cc.idx) != len(want) {
+			t.Fatalf("holds %v, want %v", cc.idx, want)
+		}
+		for _, id := range want {
+			if _, ok := cc.idx[id]; !ok {
+				t.Fatalf("holds %v, want %v", cc.idx, want)
+			}
+		}
+	}
+	// New values unreferenced: a read value survives the sweep, the unread one goes.
+	c := newClock(2, false)
+	c.store(1)
+	c.store(2)
+	c.hit(1)
+	c.store(3) // hand 0: 1 referenced, cleared; hand 1: 2 evicted
+	has(c, 1, 3)
+	c.store(4) // hand 0: 1 evicted (its bit was cleared)
+	has(c, 3, 4)
+	// Referenced on insert: everything survives one sweep, then the oldest goes.
+	c = newClock(2, true)
+	c.store(1)
+	c.store(2)
+	c.store(3) // clears 1 and 2, evicts 1
+	has(c, 2, 3)
+	// A rewrite takes a new slot first (evicting the hand's victim), then frees its old
+	// slot, which the next insert fills without evicting.
+	c = newClock(3, false)
+	c.store(1)
+	c.store(2)
+	c.store(3)
+	c.hit(1)
+	c.store(3) // hand 0: 1 cleared; hand 1: 2 evicted, 3 moves to slot 1, slot 2 freed
+	has(c, 1, 3)
+	c.store(4) // slot 2, no eviction
+	has(c, 1, 3, 4)
+	c.store(5) // hand 2: 4 evicted
+	has(c, 1, 3, 5)
+	if c.hit(2) || c.hit(4) || !c.hit(5) {
+		t.Fatal("hit reports the wrong blocks")
+	}
+	if z := newClock(0, false); func() bool { z.store(1); return z.hit(1) }() {
+		t.Fatal("a zero-capacity cache holds a block")
+	}
+}
+
+func TestSimulateFlag(t *testing.T) {
+	var out, stderr bytes.Buffer
+	path := t.TempDir() + "/tiny.jsonl"
+	if err := os.WriteFile(path, []byte(tinyTrace), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code := traceMain([]string{"--simulate", "--trace", path, "--capacity-blocks", "3",
+		"--members", "n1=127.0.0.1:1,n2=127.0.0.1:2"}, &out, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	for _, want := range []string{"policy=infinite capacity_blocks=3 hits=9 ", "policy=lru capacity_blocks=3 hits=6 ",
+		"policy=clock ", "policy=clock-ref-on-insert ", "policy=node-lru ", "policy=node-clock ", "node_key_shares="} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if code := traceMain([]string{"--simulate", "--trace", path}, io.Discard, io.Discard); code != exitSetup {
+		t.Errorf("--simulate without --capacity-blocks: exit %d", code)
+	}
+}
