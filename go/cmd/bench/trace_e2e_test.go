@@ -129,6 +129,9 @@ func TestTraceReplayLiveCluster(t *testing.T) {
 			if nodes > 1 && (len(r.NodeShares) != nodes || math.Abs(r.NodeShares[0]+r.NodeShares[1]+r.NodeShares[2]-1) > 1e-9) {
 				t.Fatalf("node key shares %v", r.NodeShares)
 			}
+			if r.RAMServed <= 0 || r.DiskReads <= 0 { // the RAM tier served some hits, the disk others
+				t.Fatalf("RAM tier not in play: %d disk reads for %d hits", r.DiskReads, r.PrefixHits)
+			}
 			if r.Efficiency < 0.9 {
 				t.Fatalf("capacity efficiency %.3f < 0.9 with uniform blocks", r.Efficiency)
 			}
