@@ -56,6 +56,7 @@ func usage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprint(w, `usage: dfkv_bench [flags]                 load generator (see flags)
        dfkv_bench rawserver [--listen 127.0.0.1:0] [--addr-file F] [--max-size 64MiB]
        dfkv_bench odirect-prep --file F --bytes N    (prepare the file of --target odirect)
+       dfkv_bench trace --trace F --members ... --block-bytes N   (hit rate on a trace; trace -h)
 exit status: 0 ok, 1 some item failed (or missed with --strict), 2 setup error
 flags:
 `)

@@ -9,6 +9,7 @@
 //	dfkv_bench rawserver --listen 127.0.0.1:0 --addr-file F   (the raw TCP baseline server)
 //	dfkv_bench odirect-prep --file F --bytes 384MiB           (the file --target odirect reads)
 //	dfkv_bench tls-testcerts --dir D [--hosts 127.0.0.1]      (throwaway CA, server and client certs)
+//	dfkv_bench trace --trace F --members ... --block-bytes N  (hit rate on an inference trace)
 //
 // Targets: dfkv drives dfkv nodes through the Go client (one client shared by every worker;
 // the client pools connections per peer); rawtcp drives `dfkv_bench rawserver`, a trivial
@@ -24,6 +25,11 @@
 // allocation per operation in the harness). PUT values carry their key's index in their
 // first 8 bytes and GETs check it (--verify), so misrouted or stale data counts as an error.
 // The run always ends by itself: after --duration, after --count items, or at --max-time.
+//
+// trace replays an inference trace (Mooncake format, testdata/traces) request by request:
+// lookup, GET of the hit prefix with every byte verified, PUT of the rest; it reports the
+// prefix hit ratio next to an exact LRU simulation at the cluster's capacity in blocks and
+// an infinite cache (trace.go, trace_replay.go).
 //
 // Reported: items/s, GB/s (10^9 bytes of value moved per second), latency per call
 // p50/p90/p99/p999/max, errors and misses. Exit status: 0 success, 1 some requested item
@@ -47,6 +53,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "tls-testcerts" {
 		os.Exit(tlsTestCerts(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "trace" {
+		os.Exit(traceMain(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "odirect-prep" {
 		os.Exit(odirectPrep(os.Args[2:], os.Stderr))

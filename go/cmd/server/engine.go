@@ -26,15 +26,21 @@ type engineConfig struct {
 // far under its capacity: aim for 4 extents per size class, but never below the largest
 // value (a slot must fit in an extent) and never above the 256 MiB default. Small caches
 // with a large --max-msg therefore get few extents; docs/DEPLOY notes to lower --max-msg.
+// The size is then adjusted so that whole extents tile the share: the remainder of
+// share/extent is never used, and with 64 MiB extents that was up to half of a small
+// cache (a 125 MB share held one 64 MiB extent).
 const (
 	extentsPerClass = 4
 	maxAutoExtent   = 256 << 20
+	// minSlabShare is the smallest disk share the slab engine is given: below it a node is
+	// more likely misconfigured (a unit typo in --cap) than meant as a cache.
+	minSlabShare = 4 << 20
 )
 
 // autoMaxValue is the largest value a slab disk of this share accepts when --max-msg is
 // not given: 64 MiB, halved (down to 1 MiB) while the automatic geometry would give some
 // size class fewer than two extents (the slab engine's "few extents" threshold). So the
-// default 1 GiB cache starts clean with 8 MiB values, and from about 5.3 GiB per disk it
+// default 1 GiB cache starts clean with 8 MiB values, and from about 6.1 GiB per disk it
 // takes 64 MiB values. A share too small for even 1 MiB values keeps 64 MiB: such a cache
 // is refused (or warned about) exactly as before, not silently shrunk.
 func autoMaxValue(share int64) int64 {
@@ -52,7 +58,26 @@ func autoExtent(share, maxValue int64) int64 {
 	e = min(e, maxAutoExtent)
 	floor := (maxValue + 4095) &^ 4095
 	e = max(e, floor)
-	return e &^ 4095
+	e &^= 4095
+	if e <= 0 || share < e {
+		return e
+	}
+	// More, slightly smaller extents when that still holds the largest value, else fewer,
+	// slightly larger ones.
+	if n := (share + e - 1) / e; (share/n)&^4095 >= floor {
+		return (share / n) &^ 4095
+	}
+	return (share / (share / e)) &^ 4095
+}
+
+// slabMaxValue is the slab engine's largest value for a disk's share: no value larger
+// than the share can be cached, so a node with a --cap below --max-msg starts (with values
+// up to its capacity) instead of refusing an extent larger than its disk share.
+func slabMaxValue(share, maxMsg int64) int64 {
+	if share >= maxMsg {
+		return maxMsg
+	}
+	return max(share&^4095, 4096)
 }
 
 // openEngine opens the configured storage engine. Invalid geometry refuses to start rather
@@ -72,13 +97,31 @@ func openEngine(c engineConfig) (store.Engine, error) {
 		if c.kind == "file" {
 			c.log.Warn("file engine selected: one file per object, for diagnostics and rollback only")
 		}
-		extent := c.extent
-		if extent == 0 {
-			extent = autoExtent(c.capacity/int64(len(c.dirs)), c.maxValue)
+		share := c.capacity / int64(len(c.dirs))
+		extent, maxValue := c.extent, c.maxValue
+		if c.kind == "slab" && share < minSlabShare {
+			return nil, fmt.Errorf("--cap %d gives each of the %d disks %d bytes; the slab engine needs at least %d per disk",
+				c.capacity, len(c.dirs), share, int64(minSlabShare))
+		}
+		if c.kind == "slab" && extent == 0 {
+			maxValue = slabMaxValue(share, c.maxValue)
+			if maxValue < c.maxValue {
+				c.log.Warn("slab: the disk share is smaller than --max-msg; larger values are refused",
+					"share", share, "max_value", maxValue, "max_msg", c.maxValue)
+			}
+			extent = autoExtent(share, maxValue)
+			// A formatted disk keeps its extent size: the automatic choice changed
+			// between releases and a geometry change refuses to start.
+			for _, dir := range c.dirs {
+				if eb, _, ok, err := slab.Formatted(dir); err == nil && ok {
+					extent = eb
+					break
+				}
+			}
 		}
 		return group.OpenDirs(group.Options{
 			Engine: c.kind, Dirs: c.dirs, CapacityBytes: c.capacity, Logger: c.log,
-			Slab: slab.Config{ExtentBytes: extent, MaxValueBytes: c.maxValue},
+			Slab: slab.Config{ExtentBytes: extent, MaxValueBytes: maxValue},
 			File: file.Config{MaxValueBytes: c.maxValue},
 		})
 	default:

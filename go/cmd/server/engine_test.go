@@ -3,8 +3,15 @@
 package main
 
 import (
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
 	"testing"
 
+	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/store/group"
 	"github.com/dfkv/dfkv/go/internal/store/slab"
 )
 
@@ -16,14 +23,45 @@ func TestAutoExtent(t *testing.T) {
 		{1 << 40, 64 << 20, 256 << 20},
 		// A small disk never goes below the largest value.
 		{1 << 30, 64 << 20, 64 << 20},
-		// With small values, extents shrink so every size class gets a few: 4 MiB values have
-		// 28 size classes, so 3 GiB / (4 × 28) = 28,760,941 bytes, rounded down to 4096.
-		{3 << 30, 4 << 20, 28758016},
+		// With small values, extents shrink so every size class gets a few (the target
+		// rounded so that whole extents tile the share: ceil(share/target) extents).
+		{3 << 30, 4 << 20, func() int64 {
+			target := ((3 << 30) / int64(extentsPerClass*len(slab.SizeClasses(4<<20)))) &^ 4095
+			n := (3<<30 + target - 1) / target
+			return ((3 << 30) / n) &^ 4095
+		}()},
 	}
 	for _, c := range cases {
 		got := autoExtent(c.share, c.maxValue)
 		if got != c.want || got%4096 != 0 || got < c.maxValue {
 			t.Errorf("autoExtent(%d, %d) = %d, want %d", c.share, c.maxValue, got, c.want)
+		}
+	}
+	// Whole extents tile the share (at most 4 KiB lost per extent), each holds the largest
+	// value, and they stay near the per-class target.
+	for _, c := range []struct{ share, maxValue int64 }{
+		{3 << 30, 4 << 20}, {125e6, 64 << 20}, {374e6, 64 << 20}, {1_497_366_528, 64 << 20},
+		{93_585_408, 1 << 20}, {7_798_784, 7_798_784 &^ 4095}, {1<<40 + 12345, 64 << 20},
+	} {
+		e := autoExtent(c.share, c.maxValue)
+		n := c.share / e
+		if e%4096 != 0 || e < c.maxValue || n < 1 || c.share-n*e >= n*4096 {
+			t.Errorf("autoExtent(%d, %d) = %d: %d extents leave %d bytes unused", c.share, c.maxValue, e, n, c.share-n*e)
+		}
+		if n > 1 && e > maxAutoExtent {
+			t.Errorf("autoExtent(%d, %d) = %d above %d", c.share, c.maxValue, e, maxAutoExtent)
+		}
+	}
+}
+
+func TestSlabMaxValue(t *testing.T) {
+	for _, c := range []struct{ share, maxMsg, want int64 }{
+		{1 << 30, 64 << 20, 64 << 20},
+		{23_395_328, 64 << 20, 23_392_256},
+		{1000, 64 << 20, 4096},
+	} {
+		if got := slabMaxValue(c.share, c.maxMsg); got != c.want {
+			t.Errorf("slabMaxValue(%d, %d) = %d, want %d", c.share, c.maxMsg, got, c.want)
 		}
 	}
 }
@@ -48,16 +86,18 @@ func TestParseFlagsAndEnv(t *testing.T) {
 
 func TestAutoMaxValue(t *testing.T) {
 	cases := []struct{ share, want int64 }{
-		// Worked by hand from the size-class series (64/32/16/8/4 MiB values have 41/37/34/
-		// 31/28 classes): 1 GiB with 16 MiB values is 64 extents for 34 classes (< 68); with
-		// 8 MiB, 1 GiB / (4 × 31) gives 124 extents (>= 62). 256 MiB with 8 MiB values is 32
-		// extents (< 62); with 4 MiB, 64 (>= 56).
+		// Worked from the size-class series (64/32/16/8/4/2/1 MiB values have 49/45/41/37/
+		// 33/29/25 classes): 1 GiB with 16 MiB values is 64 extents for 41 classes (< 82);
+		// with 8 MiB, 128 extents (>= 74). 256 MiB with 4 MiB values is 64 extents (< 66);
+		// with 2 MiB, 117 (>= 58).
 		{1 << 30, 8 << 20},
-		{256 << 20, 4 << 20},
+		{256 << 20, 2 << 20},
 		{64 << 30, 64 << 20},
-		// 1 MiB values (22 classes) need 44 extents of at least 1 MiB: 48 MiB has 48, 16 MiB
-		// does not and keeps the old 64 MiB default (and is refused at Open, as before).
-		{48 << 20, 1 << 20},
+		// 1 MiB values need 50 extents of at least 1 MiB: 52 MiB has 52 (2 MiB values would
+		// get 26 < 58); 48 MiB and 16 MiB do not and keep the old 64 MiB default (then
+		// capped at the share by slabMaxValue).
+		{52 << 20, 1 << 20},
+		{48 << 20, 64 << 20},
 		{16 << 20, 64 << 20},
 		{1 << 20, 64 << 20},
 	}
@@ -90,5 +130,31 @@ func TestMaxMsgDefault(t *testing.T) {
 	t.Setenv("DFKV_MAX_MSG", "32MiB")
 	if o, err = parse([]string{"--dir", "/a"}); err != nil || o.maxMsgAuto || int64(o.maxMsg) != 32<<20 {
 		t.Fatalf("DFKV_MAX_MSG: %d auto=%v err=%v", int64(o.maxMsg), o.maxMsgAuto, err)
+	}
+}
+
+func TestOpenEngineSmallShares(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Below the minimum share: refused with the numbers.
+	_, err := openEngine(engineConfig{kind: "slab", dirs: []string{t.TempDir()}, capacity: 1 << 20, maxValue: 64 << 20, log: log})
+	if err == nil || !strings.Contains(err.Error(), "at least") {
+		t.Fatalf("1 MiB slab share: %v", err)
+	}
+	// A share under --max-msg starts, with values capped at the share, and whole extents
+	// cover the capacity.
+	const share = 31_195_136
+	e, err := openEngine(engineConfig{kind: "slab", dirs: []string{t.TempDir()}, capacity: share, maxValue: 64 << 20, log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	k := store.Key{ID: identity.ObjectID{Hi: 1, Lo: 2}}
+	big := make([]byte, share&^4095+1)
+	if err := e.Put(k, len(big), func(dst []byte) error { copy(dst, big); return nil }); !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("value above the share: %v, want ErrTooLarge", err)
+	}
+	g := e.(*group.Group).Members()[0].(*slab.Engine).Config()
+	if n := share / g.ExtentBytes; share-n*g.ExtentBytes >= n*4096 {
+		t.Fatalf("extent %d leaves %d of %d bytes unused", g.ExtentBytes, share-n*g.ExtentBytes, share)
 	}
 }

@@ -145,6 +145,22 @@ func SetRemovalObserver(e Engine, fn RemovalObserver) bool {
 	return false
 }
 
+// Toucher engines keep a recency order for eviction. A tier that serves a value from its
+// own copy (the RAM tier's warm hits) calls Touch so that the engine below does not
+// evict a value precisely because it is hot: without it, the disk engine sees only the
+// RAM tier's misses and treats the values that hit in RAM as never used.
+type Toucher interface {
+	// Touch records a use of key's value, as a read would; an absent key is ignored.
+	Touch(key Key)
+}
+
+// Touch records a use of key on e when e keeps a recency order (a no-op otherwise).
+func Touch(e Engine, key Key) {
+	if t, ok := Find[Toucher](e); ok {
+		t.Touch(key)
+	}
+}
+
 // RAMStats are the counters and gauges of a RAM hot tier.
 type RAMStats struct {
 	ArenaBytes        int64 // arena size

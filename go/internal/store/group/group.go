@@ -19,6 +19,7 @@ import (
 var (
 	_ store.Engine       = (*Group)(nil)
 	_ store.DirectReader = (*Group)(nil)
+	_ store.Toucher      = (*Group)(nil)
 	_ store.DirectWriter = (*Group)(nil)
 	_ store.Observable   = (*Group)(nil)
 	_ store.Lister       = (*Group)(nil)
@@ -86,6 +87,9 @@ func (g *Group) ReadInto(key store.Key, dst []byte) (int, error) {
 func (g *Group) PutFrom(key store.Key, src []byte, size int) error {
 	return store.PutFrom(g.members[g.Route(key)], key, src, size)
 }
+
+// Touch records a use of key on the owning disk (see store.Toucher).
+func (g *Group) Touch(key store.Key) { store.Touch(g.members[g.Route(key)], key) }
 
 // SetRemovalObserver installs fn on every member that reports removals.
 func (g *Group) SetRemovalObserver(fn store.RemovalObserver) {

@@ -28,7 +28,8 @@
 // copy of the key is dropped.
 //
 // Reads. A warm GET pins the slot and hands the arena slice to the callback: no disk I/O
-// and no copy besides the socket write. A cold GET reserves a slot of the value's padded
+// and no copy besides the socket write; it calls store.Touch on the backing engine so that
+// the disk's eviction counts the use (it would otherwise evict the hottest values first). A cold GET reserves a slot of the value's padded
 // size and reads the disk straight into it (store.DirectReader: one O_DIRECT read, CRC
 // verified), then publishes it (promotion) and serves it from there. Values larger than
 // MaxValueBytes are never cached.

@@ -239,6 +239,9 @@ func (t *Tier) Get(key store.Key, fn func([]byte) error) error {
 	if s := t.lookup(key); s != nil {
 		t.hits.Add(1)
 		defer t.unpin(s)
+		// The disk engine's eviction must see this use, or it evicts (and so drops from
+		// RAM) exactly the values that are hot enough never to reach it.
+		store.Touch(t.backing, key)
 		return fn(t.arena[s.off : s.off+int64(s.length)])
 	}
 	t.misses.Add(1)
@@ -343,6 +346,7 @@ func (t *Tier) ReadInto(key store.Key, dst []byte) (int, error) {
 			return s.length, store.ErrBufferTooSmall
 		}
 		t.hits.Add(1)
+		store.Touch(t.backing, key)
 		return copy(dst, t.arena[s.off:s.off+int64(s.length)]), nil
 	}
 	return store.ReadInto(t.backing, key, dst)

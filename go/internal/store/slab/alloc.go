@@ -12,8 +12,9 @@ import (
 )
 
 // reserve finds a free slot of class ci, evicting as needed: first down to the low
-// watermark when the high one would be crossed, then, when the class has no free slot
-// and no extent is unassigned, either the class's least recently used value (CLOCK) or a
+// watermark when the high one would be crossed (only when High < 1; the default evicts
+// on demand), then, when the class has no free slot and no extent is unassigned, either
+// the class's next CLOCK victim (a value not read since the hand last passed it) or a
 // whole cold extent of another class, which is drained and reassigned. It fails with
 // ErrCacheFull only when nothing can be evicted and pinned slots do not drain in time.
 //
@@ -30,7 +31,7 @@ func (e *Engine) reserve(ci int, victimBuf []*slot) (*slot, []*slot, error) {
 			return nil, nil, store.ErrClosed
 		}
 		victims := victimBuf[:0]
-		if e.used+cs > e.high {
+		if e.cfg.HighWatermark < 1 && e.used+cs > e.high {
 			victims = e.evictGlobalLocked(e.used+cs-e.low, victims)
 		}
 		s := e.popFreeLocked(ci)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/vfs"
@@ -13,10 +14,13 @@ import (
 
 // Defaults applied by Config.withDefaults.
 const (
-	DefaultExtentBytes     = 256 << 20
-	DefaultMaxValueBytes   = 64 << 20
-	DefaultHighWatermark   = 0.95
-	DefaultLowWatermark    = 0.90
+	DefaultExtentBytes   = 256 << 20
+	DefaultMaxValueBytes = 64 << 20
+	// The watermarks default to evicting on demand: the allocator already frees one slot
+	// per Put when its class is full (CLOCK), and holding 5-10% of the cache empty cost
+	// hits on a real trace (docs/BENCHMARKS.md, hit rate) for nothing in return.
+	DefaultHighWatermark   = 1.0
+	DefaultLowWatermark    = 0.99
 	DefaultBufferPoolBytes = 256 << 20
 
 	// blockSize is the O_DIRECT alignment and the smallest size class.
@@ -37,7 +41,9 @@ type Config struct {
 	// MaxValueBytes is the largest storable value (default 64 MiB); at most ExtentBytes.
 	MaxValueBytes int64
 	// HighWatermark and LowWatermark are fractions of CapacityBytes: when a Put would take
-	// the used bytes above High, values are evicted until they are at most Low.
+	// the used bytes above High, values are evicted until they are at most Low. High = 1
+	// (the default) turns this pass off: a second CLOCK hand sweeping every class clears
+	// the reference bits the per-class hands rely on, and keeping room free costs hits.
 	HighWatermark float64
 	LowWatermark  float64
 	// BufferPoolBytes bounds the idle aligned I/O buffers kept for reuse (default 256 MiB).
@@ -114,18 +120,45 @@ func (c Config) Validate() error {
 func (c Config) extentCount() int { return int(c.CapacityBytes / c.ExtentBytes) }
 
 // SizeClasses returns the slot sizes for a maximum value size: starting at 4 KiB, each
-// class is the previous one grown by a quarter and rounded up to 4 KiB (4, 8, 12, 16, 20,
-// 28, 36 KiB, ...), so a value wastes at most ~25% of its slot; the series stops at the
-// first class >= maxValue, which is capped to maxValue rounded up to 4 KiB. Deterministic:
-// it is part of the persisted geometry.
+// class is the previous one grown by a quarter and rounded up to 4 KiB, except that the
+// series never steps over a power of two (4, 8, 12, 16, 20, 28, 32, 40, 52, 64 KiB, ...):
+// KV blocks are usually power-of-two sized and must fill their slots exactly (a 64 KiB
+// block in a 76 KiB slot wasted 16% of the cache). A value wastes at most ~25% of its
+// slot; the series stops at the first class >= maxValue, which is capped to maxValue
+// rounded up to 4 KiB. Deterministic: it is part of the persisted geometry (directories
+// formatted with an earlier series keep theirs, see adoptClasses).
 func SizeClasses(maxValue int64) []int64 {
 	top := alignUp(max(maxValue, 1))
 	classes := []int64{blockSize}
 	for c := int64(blockSize); c < top; {
-		c = min(alignUp(c+c/4), top)
+		next := alignUp(c + c/4)
+		if p := int64(1) << bits.Len64(uint64(c)); p < next { // the next power of two above c
+			next = p
+		}
+		c = min(next, top)
 		classes = append(classes, c)
 	}
 	return classes
+}
+
+// sizeClasses is the series a new directory is formatted with (a test replaces it to
+// format a directory as an earlier release did).
+var sizeClasses = SizeClasses
+
+// validClasses reports whether classes is a usable series for maxValue: ascending
+// multiples of 4 KiB from 4 KiB up to maxValue rounded up to 4 KiB, indexable by a
+// record's u16 class field.
+func validClasses(classes []int64, maxValue int64) bool {
+	if len(classes) == 0 || len(classes) > 1<<16 || classes[0] != blockSize ||
+		classes[len(classes)-1] != alignUp(max(maxValue, 1)) {
+		return false
+	}
+	for i := 1; i < len(classes); i++ {
+		if classes[i]%blockSize != 0 || classes[i] <= classes[i-1] {
+			return false
+		}
+	}
+	return true
 }
 
 func alignUp(n int64) int64 { return store.AlignUp(n) }

@@ -18,4 +18,8 @@
 // every read mean that a crash never makes the engine serve a half-written value: at
 // worst a value is missing. A slot is reused only after its tombstone is durable and every
 // reader that pinned it has finished.
+//
+// Eviction is on demand: a Put whose size class is full evicts the class's next CLOCK victim
+// (reads and store.Toucher set a slot's reference bit; new values start without it, so
+// values never reused go first) or takes over a colder extent of another class.
 package slab

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,7 @@ var (
 	_ store.DirectWriter = (*Engine)(nil)
 	_ store.Observable   = (*Engine)(nil)
 	_ store.Lister       = (*Engine)(nil)
+	_ store.Toucher      = (*Engine)(nil)
 )
 
 // Engine is a slab engine over one directory. It is safe for concurrent use.
@@ -154,7 +156,7 @@ func Open(cfg Config) (*Engine, error) {
 		fs:        cfg.FS,
 		releaseCh: make(chan struct{}),
 	}
-	for _, size := range SizeClasses(cfg.MaxValueBytes) {
+	for _, size := range sizeClasses(cfg.MaxValueBytes) {
 		e.classes = append(e.classes, class{size: size})
 	}
 	for i := range e.shards {
@@ -178,11 +180,14 @@ func (e *Engine) open() error {
 	}
 	e.lock = lock
 
-	want := geometryOf(e.cfg)
 	old, formatted, err := readMeta(e.fs, dir)
 	if err != nil {
 		return err
 	}
+	if formatted {
+		e.adoptClasses(old.Classes)
+	}
+	want := e.geometry()
 	if formatted {
 		if d := geometryDiff(old, want); d != "" {
 			return fmt.Errorf("existing data has a different geometry: %s; refusing to start "+
@@ -267,6 +272,47 @@ func (e *Engine) openExtents() error {
 	return e.fs.SyncDir(filepath.Join(e.cfg.Dir, extentsDir))
 }
 
+// adoptClasses keeps the size classes a directory was formatted with when they differ
+// from today's series but are valid for the configured maximum value: records name their
+// class by index, and an upgrade must not refuse to start over (or reinterpret) a cache
+// formatted before the series changed.
+func (e *Engine) adoptClasses(disk []int64) {
+	cur := make([]int64, len(e.classes))
+	for i, c := range e.classes {
+		cur[i] = c.size
+	}
+	if slices.Equal(disk, cur) || !validClasses(disk, e.cfg.MaxValueBytes) {
+		return // equal, or a real mismatch that geometryDiff reports
+	}
+	e.log.Info("slab: keeping the size classes the directory was formatted with", "classes", len(disk))
+	e.classes = e.classes[:0]
+	for _, size := range disk {
+		e.classes = append(e.classes, class{size: size})
+	}
+}
+
+// geometry is the superblock geometry of the open engine.
+func (e *Engine) geometry() meta {
+	m := geometryOf(e.cfg)
+	m.Classes = make([]int64, len(e.classes))
+	for i, c := range e.classes {
+		m.Classes[i] = c.size
+	}
+	return m
+}
+
+// Touch implements store.Toucher: it sets the value's CLOCK reference bit as a read does,
+// for tiers above (RAM) that served the read from their own copy.
+func (e *Engine) Touch(key store.Key) {
+	sh := e.shardOf(key)
+	sh.mu.RLock()
+	if s := sh.m[key]; s != nil { // in the index, hence live: evictLocked unlists under sh.mu
+		s.ref.Store(true)
+		s.ext.lastAccess.Store(e.tick.Add(1))
+	}
+	sh.mu.RUnlock()
+}
+
 // Close waits for in-flight operations, marks the directory clean and releases
 // resources. It is safe to call more than once.
 func (e *Engine) Close() error {
@@ -284,7 +330,7 @@ func (e *Engine) Close() error {
 		errs = append(errs, fmt.Errorf("sync %s: %w", tableName, err))
 	}
 	if len(errs) == 0 {
-		m := geometryOf(e.cfg)
+		m := e.geometry()
 		m.Epoch, m.Clean = e.epoch, true
 		if err := writeMeta(e.fs, e.cfg.Dir, m); err != nil {
 			errs = append(errs, fmt.Errorf("write %s: %w", metaName, err))

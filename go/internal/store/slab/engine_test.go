@@ -379,19 +379,21 @@ func TestSizeClasses(t *testing.T) {
 	if got[0] != 4096 || got[len(got)-1] != 64*mib {
 		t.Fatalf("classes span %d..%d", got[0], got[len(got)-1])
 	}
-	// Worked by hand: c' = roundup4k(c + c/4). 4096+1024 -> 8192, 8192+2048 -> 12288,
-	// 12288+3072 -> 16384, 16384+4096 = 20480, 20480+5120 -> 28672, 28672+7168 -> 36864,
-	// 36864+9216 -> 49152, 49152+12288 = 61440, 61440+15360 -> 77824.
-	want := []int64{4096, 8192, 12288, 16384, 20480, 28672, 36864, 49152, 61440, 77824}
+	// Worked by hand: c' = min(roundup4k(c + c/4), the next power of two above c).
+	// 4096+1024 -> 8192 (= 2^13), 8192+2048 -> 12288, 12288+3072 -> 16384, 16384+4096 =
+	// 20480, 20480+5120 -> 28672, 28672+7168 -> 36864 but 32768 is the next power of two,
+	// 32768+8192 = 40960, 40960+10240 -> 53248, 53248+13312 -> 69632 but 65536 comes first.
+	want := []int64{4096, 8192, 12288, 16384, 20480, 28672, 32768, 40960, 53248, 65536}
 	if !slices.Equal(got[:len(want)], want) {
 		t.Fatalf("first classes = %v, want %v", got[:len(want)], want)
 	}
-	// Series lengths counted by hand from the same rule (docs/DEPLOY.md §5 relies on them).
-	if n := len(SizeClasses(64 * mib)); n != 41 {
-		t.Fatalf("%d classes for 64 MiB, want 41", n)
+	// Series lengths counted from the same rule by testdata-independent arithmetic (a
+	// Python one-liner of the rule): 49 classes up to 64 MiB, 33 up to 4 MiB.
+	if n := len(SizeClasses(64 * mib)); n != 49 {
+		t.Fatalf("%d classes for 64 MiB, want 49", n)
 	}
-	if n := len(SizeClasses(4 * mib)); n != 28 {
-		t.Fatalf("%d classes for 4 MiB, want 28", n)
+	if n := len(SizeClasses(4 * mib)); n != 33 {
+		t.Fatalf("%d classes for 4 MiB, want 33", n)
 	}
 	if c := SizeClasses(20000); !slices.Equal(c, []int64{4096, 8192, 12288, 16384, 20480}) {
 		t.Fatalf("SizeClasses(20000) = %v", c)

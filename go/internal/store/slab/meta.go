@@ -43,7 +43,7 @@ func geometryOf(c Config) meta {
 		ExtentCount:   c.extentCount(),
 		MaxValueBytes: c.MaxValueBytes,
 		RecordBytes:   recordSize,
-		Classes:       SizeClasses(c.MaxValueBytes),
+		Classes:       sizeClasses(c.MaxValueBytes),
 	}
 }
 
@@ -73,6 +73,16 @@ func geometryDiff(disk, want meta) string {
 		return ""
 	}
 	return fmt.Sprint(d)
+}
+
+// Formatted reports the extent size and largest value size dir was formatted with;
+// ok is false when dir holds no slab superblock.
+func Formatted(dir string) (extentBytes, maxValueBytes int64, ok bool, err error) {
+	m, ok, err := readMeta(vfs.Default, dir)
+	if err != nil || !ok {
+		return 0, 0, ok, err
+	}
+	return m.ExtentBytes, m.MaxValueBytes, true, nil
 }
 
 // readMeta returns the superblock, or ok=false when the directory has never been formatted.
