@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -249,4 +251,56 @@ func TestWriteBackConcurrentOverwrites(t *testing.T) {
 			}
 		}
 	}
+}
+
+// gatedPut blocks every Put until gate is closed: a disk that stopped answering.
+type gatedPut struct {
+	store.Engine
+	gate chan struct{}
+}
+
+func (g *gatedPut) Put(k store.Key, size int, fill func([]byte) error) error {
+	<-g.gate
+	return g.Engine.Put(k, size, fill)
+}
+
+// A drain that cannot finish is bounded by DrainTimeout and logged with what was left.
+func TestWriteBackDrainTimeoutIsLogged(t *testing.T) {
+	g := &gatedPut{Engine: store.NewMem(0), gate: make(chan struct{})}
+	var logBuf lockedBuf
+	tr, err := New(g, Config{ArenaBytes: 4 * mib, Shards: 2, Policy: WriteBack, DrainTimeout: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, tr, key(1), val(1, 8*kib))
+	put(t, tr, key(2), val(2, 8*kib))
+	done := make(chan error, 1)
+	go func() { done <- tr.Close() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return after the drain timeout")
+	}
+	close(g.gate) // let the stuck flusher finish (the arena stayed mapped for it)
+	if s := logBuf.String(); !strings.Contains(s, "drain timeout hit") || !strings.Contains(s, "slots_left") {
+		t.Fatalf("drain timeout not logged:\n%s", s)
+	}
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
