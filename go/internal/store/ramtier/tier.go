@@ -249,6 +249,11 @@ func New(backing store.Engine, cfg Config) (*Tier, error) {
 	}
 	t.log.Info("ramtier: arena ready", "bytes", total, "shards", cfg.Shards, "policy", cfg.Policy.String(),
 		"max_value", cfg.MaxValueBytes, "coalesce", cfg.Coalesce)
+	if cfg.Policy == WriteBack {
+		t.log.Info("ramtier: write-back: a crash loses at most the dirty budget (unflushed acknowledged writes)",
+			"dirty_budget", t.cfg.DirtyBytes, "flush_threads", cfg.FlushThreads, "dirty_wait", cfg.DirtyWait,
+			"drain_timeout", cfg.DrainTimeout)
+	}
 	return t, nil
 }
 
