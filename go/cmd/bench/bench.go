@@ -34,6 +34,8 @@ type options struct {
 	bconc     int
 	poolSize  int
 	keys      int
+	distinct  bool
+	keyBase   uint64
 	count     int64
 	duration  time.Duration
 	maxTime   time.Duration
@@ -82,6 +84,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, int, bool) {
 	fs.IntVar(&o.bconc, "batch-concurrency", 4, "dfkv: chunks in flight per batch call")
 	fs.IntVar(&o.poolSize, "pool-size", 0, "dfkv: idle connections kept per peer (0: max(16, conns*batch-concurrency))")
 	fs.IntVar(&o.keys, "keys", 0, "key space (default: ~256 MiB of values, 64..65536 keys)")
+	fs.BoolVar(&o.distinct, "distinct", false, "every item uses a new key (--key-base, +1, ...) instead of random keys of --keys: PUTs that never overwrite")
+	fs.Uint64Var(&o.keyBase, "key-base", 0, "with --distinct: the first key index (use a fresh range per run against one server)")
 	fs.Int64Var(&o.count, "count", 0, "stop after this many items (0 = by --duration)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measurement length (with --count: only if given)")
 	fs.DurationVar(&o.maxTime, "max-time", 10*time.Minute, "hard limit on the measurement; reaching it is a failure")
@@ -146,6 +150,9 @@ func (o *options) validate() error {
 	}
 	if o.keys < 1 {
 		return fmt.Errorf("--keys must be positive")
+	}
+	if o.distinct && (o.op != "put" || o.seed || o.keyBase >= 1e9) {
+		return fmt.Errorf("--distinct is for --op put without --seed, with --key-base below 1e9 (keys have %d digits)", keyDigits)
 	}
 	if o.count < 0 || o.duration < 0 || o.warmup < 0 || o.maxTime <= 0 {
 		return fmt.Errorf("--count, --duration, --warmup must be >= 0 and --max-time > 0")
@@ -402,12 +409,13 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 
 	var phase atomic.Int32
 	var issued atomic.Int64
+	var next atomic.Uint64 // --distinct: the next key index
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Add(1)
 		go func(w *worker) {
 			defer wg.Done()
-			w.loop(o, &phase, &issued, verify)
+			w.loop(o, &phase, &issued, &next, verify)
 		}(w)
 	}
 	if o.warmup > 0 {
@@ -524,7 +532,7 @@ func sizeLabel(n int64) string {
 
 // loop is a worker's measurement loop: random keys, calls of --batch items, until the phase
 // says stop or the --count budget is spent. Nothing here allocates.
-func (w *worker) loop(o *options, phase *atomic.Int32, issued *atomic.Int64, verify bool) {
+func (w *worker) loop(o *options, phase *atomic.Int32, issued *atomic.Int64, next *atomic.Uint64, verify bool) {
 	size := int64(o.size)
 	for {
 		ph := phase.Load()
@@ -547,7 +555,11 @@ func (w *worker) loop(o *options, phase *atomic.Int32, issued *atomic.Int64, ver
 			}
 		}
 		for j := 0; j < n; j++ {
-			w.setKey(j, w.rng.Uint64N(uint64(o.keys)))
+			if o.distinct {
+				w.setKey(j, o.keyBase+next.Add(1)-1)
+			} else {
+				w.setKey(j, w.rng.Uint64N(uint64(o.keys)))
+			}
 		}
 		d, moves, err := w.call(op, n, verify)
 		if err != nil && !w.redial() {

@@ -387,7 +387,8 @@ func TestRawTCPEndToEnd(t *testing.T) {
 }
 
 func TestDfkvEndToEnd(t *testing.T) {
-	srv, err := server.New(server.Config{Engine: store.NewMem(64 << 20)})
+	mem := store.NewMem(64 << 20)
+	srv, err := server.New(server.Config{Engine: mem})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,6 +431,18 @@ func TestDfkvEndToEnd(t *testing.T) {
 	r, code = runJSON(t, "--node", addr, "--op", "get", "--size", "8KiB", "--keys", "50", "--count", "10")
 	if code != exitFail || r.Errors == 0 {
 		t.Fatalf("wrong-size get: exit %d %+v", code, r)
+	}
+	// --distinct: every PUT a new key from --key-base on, none overwritten (--keys 10 would
+	// allow at most 10 new objects; warm-up PUTs before the measured 300 add a few more).
+	before := mem.Stats().Objects
+	r, code = runJSON(t, "--node", addr, "--op", "put", "--size", "1KiB", "--distinct", "--key-base", "5000",
+		"--keys", "10", "--count", "300", "--conns", "3")
+	if code != exitOK || r.Items != 300 || mem.Stats().Objects-before < 300 {
+		t.Fatalf("distinct puts: exit %d, %d new objects, %+v", code, mem.Stats().Objects-before, r)
+	}
+	var out, errb bytes.Buffer
+	if code := benchMain([]string{"--node", addr, "--op", "get", "--distinct", "--count", "1"}, &out, &errb); code != exitSetup {
+		t.Fatalf("--distinct get: exit %d", code)
 	}
 	// Duration-bounded run stops by itself.
 	start := time.Now()

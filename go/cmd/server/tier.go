@@ -26,6 +26,11 @@ type tierOptions struct {
 	ramShards         int
 	ramPolicy         string
 	ramWaitMS         int
+	flushThreads      int
+	dirtyBytes        cli.Size
+	dirtyWaitMS       int
+	drainTimeoutMS    int
+	faultStallFlush   bool
 	coalesce          bool
 	coalesceTimeoutMS int
 	quotaFile         string
@@ -38,8 +43,13 @@ func addTierFlags(fs *flag.FlagSet, o *tierOptions) {
 	fs.BoolVar(&o.ramTier, "ram-tier", false, "serve hot values from a preallocated RAM arena in front of the disks")
 	fs.Var(&o.ramBytes, "ram-tier-bytes", "RAM tier arena size (bytes; KiB/MiB/GiB suffixes), allocated once at start")
 	fs.IntVar(&o.ramShards, "ram-tier-shards", ramtier.DefaultShards, "RAM tier shards (independently locked arena parts); 16 for arenas of 100 GiB and more")
-	fs.StringVar(&o.ramPolicy, "ram-tier-policy", "write-through", "PUT policy with the RAM tier: write-through (keep warm) or write-around (disk only)")
+	fs.StringVar(&o.ramPolicy, "ram-tier-policy", "write-through", "PUT policy with the RAM tier: write-through (ack after the disk write; keep warm), write-around (disk only) or write-back (ack once in RAM; a crash loses unflushed writes)")
 	fs.IntVar(&o.ramWaitMS, "ram-tier-wait-ms", int(ramtier.DefaultWaitTimeout/time.Millisecond), "longest wait for pinned arena slots before a request goes around the tier")
+	fs.IntVar(&o.flushThreads, "ram-tier-flush-threads", ramtier.DefaultFlushThreads, "write-back: goroutines writing dirty arena slots to disk")
+	fs.Var(&o.dirtyBytes, "ram-tier-dirty-bytes", "write-back: most arena bytes acknowledged but not yet on disk (default half the arena)")
+	fs.IntVar(&o.dirtyWaitMS, "ram-tier-dirty-wait-ms", int(ramtier.DefaultDirtyWait/time.Millisecond), "write-back: longest PUT wait for dirty budget before it is refused (CacheFull)")
+	fs.IntVar(&o.drainTimeoutMS, "ram-tier-drain-timeout-ms", int(ramtier.DefaultDrainTimeout/time.Millisecond), "write-back: longest flush of dirty slots at shutdown (logged when hit; what is left is lost)")
+	fs.BoolVar(&o.faultStallFlush, "fault-stall-flush", false, "fault injection for tests: write-back flushers write nothing until shutdown")
 	fs.BoolVar(&o.coalesce, "read-coalesce", false, "concurrent identical GETs share one disk read")
 	fs.IntVar(&o.coalesceTimeoutMS, "read-coalesce-timeout-ms", int(coalesce.DefaultTimeout/time.Millisecond), "a coalesced reader waits this long for its leader, then reads on its own")
 	fs.StringVar(&o.quotaFile, "quota-file", "", "per-tenant byte quotas: lines of \"tenant-name bytes\" or \"0x<16 hex digits> bytes\" (see go/internal/store/quota)")
@@ -60,8 +70,12 @@ func wrapEngine(e store.Engine, o tierOptions, log *slog.Logger) (store.Engine, 
 		}
 		t, err := ramtier.New(e, ramtier.Config{
 			ArenaBytes: int64(o.ramBytes), Shards: o.ramShards, Policy: pol,
-			WaitTimeout: time.Duration(o.ramWaitMS) * time.Millisecond,
-			Coalesce:    o.coalesce, CoalesceTimeout: time.Duration(o.coalesceTimeoutMS) * time.Millisecond,
+			WaitTimeout:  time.Duration(o.ramWaitMS) * time.Millisecond,
+			FlushThreads: o.flushThreads, DirtyBytes: int64(o.dirtyBytes),
+			DirtyWait:    time.Duration(o.dirtyWaitMS) * time.Millisecond,
+			DrainTimeout: time.Duration(o.drainTimeoutMS) * time.Millisecond,
+			StallFlush:   o.faultStallFlush,
+			Coalesce:     o.coalesce, CoalesceTimeout: time.Duration(o.coalesceTimeoutMS) * time.Millisecond,
 			Logger: log,
 		})
 		if err != nil {

@@ -41,6 +41,16 @@ func newRAMCollector(t store.RAMTier) prometheus.Collector {
 		{"dfkv_ram_objects", "Values servable from the arena.", false, func(s *store.RAMStats) int64 { return s.Objects }},
 		{"dfkv_ram_pinned_slots", "Arena slots pinned by in-flight I/O.", false, func(s *store.RAMStats) int64 { return s.Pinned }},
 		{"dfkv_ram_backlog", "Arena slots being filled (socket or disk read in flight).", false, func(s *store.RAMStats) int64 { return s.Backlog }},
+		{"dfkv_ram_flushed_total", "Write-back: dirty slots written to disk.", true, func(s *store.RAMStats) int64 { return s.Flushed }},
+		{"dfkv_ram_flush_dropped_total", "Write-back: dirty slots dropped unwritten (overwritten or removed before their flush).", true, func(s *store.RAMStats) int64 { return s.FlushDropped }},
+		{"dfkv_ram_flush_errors_total", "Write-back: flushes that failed (the acknowledged value is lost; its key reads as a miss).", true, func(s *store.RAMStats) int64 { return s.FlushErrors }},
+		{"dfkv_ram_flush_backlog", "Write-back: dirty slots waiting for a flusher.", false, func(s *store.RAMStats) int64 { return s.FlushBacklog }},
+		{"dfkv_ram_flush_threads", "Write-back: flusher goroutines (0 unless write-back).", false, func(s *store.RAMStats) int64 { return s.FlushThreads }},
+		{"dfkv_ram_dirty_bytes", "Write-back: arena bytes acknowledged but not yet on disk (a crash loses them).", false, func(s *store.RAMStats) int64 { return s.DirtyBytes }},
+		{"dfkv_ram_dirty_budget_bytes", "Write-back: the dirty budget (--ram-tier-dirty-bytes).", false, func(s *store.RAMStats) int64 { return s.DirtyBudgetBytes }},
+		{"dfkv_ram_dirty_waits_total", "Write-back: PUTs that waited for dirty budget.", true, func(s *store.RAMStats) int64 { return s.DirtyWaits }},
+		{"dfkv_ram_overwrite_tombstones_total", "Write-back: overwrites that removed the older durable version from disk before their ack.", true, func(s *store.RAMStats) int64 { return s.Tombstones }},
+		{"dfkv_ram_dirty_busy_total", "Write-back: PUTs refused (Busy, sent as CacheFull) after the bounded dirty-budget wait.", true, func(s *store.RAMStats) int64 { return s.DirtyBusy }},
 	}
 	c := &statsCollector{}
 	for _, f := range fams {

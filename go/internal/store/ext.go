@@ -17,6 +17,10 @@ var ErrBufferTooSmall = errors.New("store: buffer too small")
 // QuotaExceeded.
 var ErrQuotaExceeded = errors.New("store: tenant quota exceeded")
 
+// ErrBusy: the node cannot take the write now (a write-back RAM tier's dirty budget stayed
+// full for the bounded wait); retrying later may succeed.
+var ErrBusy = errors.New("store: busy")
+
 // BlockSize is the O_DIRECT alignment: DirectReader and DirectWriter buffers start on a
 // BlockSize boundary and are at least AlignUp(length) bytes long.
 const BlockSize = 4096
@@ -176,6 +180,19 @@ type RAMStats struct {
 	EvictedBytes      int64
 	BackpressureWaits int64 // allocations that had to wait for pinned slots to drain
 	Bypassed          int64 // requests served around the tier (no room in time, too large)
+
+	// Write-back (zero otherwise).
+	WriteBack        bool
+	FlushThreads     int64 // flusher goroutines
+	DirtyBudgetBytes int64 // --ram-tier-dirty-bytes
+	DirtyBytes       int64 // bytes of slots waiting for their flush (acknowledged, not on disk)
+	FlushBacklog     int64 // slots waiting for a flusher
+	Flushed          int64 // dirty slots written to disk
+	FlushDropped     int64 // dirty slots dropped unwritten (overwritten or removed first)
+	FlushErrors      int64 // dirty slots whose disk write failed (their key reads as a miss)
+	DirtyWaits       int64 // PUTs that waited for dirty budget
+	DirtyBusy        int64 // PUTs refused with ErrBusy after the bounded wait
+	Tombstones       int64 // overwrites that removed an older durable version before their ack
 }
 
 // RAMTier is implemented by RAM hot tiers.

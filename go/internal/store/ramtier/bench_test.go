@@ -114,3 +114,53 @@ func BenchmarkColdGet1MiB(b *testing.B) {
 		b.Logf("cold benchmark hit the arena %d times of %d", s.Hits, b.N)
 	}
 }
+
+// What the write-back crash contract costs: a PUT of a new key touches no disk before its
+// ack; a PUT overwriting a durable key first removes that version (a tombstone through the
+// slab's group commit). Both sub-benchmarks seed b.N durable keys first; "new" writes other
+// keys. Run with a fixed -benchtime (e.g. 2000x): the seeded keys must fit the slab.
+func BenchmarkWriteBackPut64KiB(b *testing.B) {
+	const size = 64 << 10
+	for _, tc := range []struct {
+		name   string
+		offset int
+	}{{"new", 1 << 20}, {"overwrite-durable", 0}} {
+		b.Run(tc.name, func(b *testing.B) {
+			e, err := slab.Open(slab.Config{Dir: b.TempDir(), CapacityBytes: 1024 * mib, ExtentBytes: 64 * mib,
+				MaxValueBytes: 4 * mib, BufferPoolBytes: 64 * mib, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			v := val(1, size)
+			for i := 0; i < b.N; i++ {
+				put(b, e, key(i), v)
+			}
+			tr := newTier(b, e, Config{ArenaBytes: 512 * mib, Shards: 8, Policy: WriteBack, DirtyBytes: 256 * mib})
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.SetBytes(size)
+			b.ResetTimer()
+			for w := 0; w < benchWorkers; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						i := int(next.Add(1)) - 1
+						if i >= b.N {
+							return
+						}
+						if err := tr.Put(key(i+tc.offset), size, func(d []byte) error { copy(d, v); return nil }); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			if rs := tr.RAMStats(); (tc.offset == 0) != (rs.Tombstones == int64(b.N)) {
+				b.Fatalf("tombstones %d of %d puts", rs.Tombstones, b.N)
+			}
+		})
+	}
+}

@@ -27,6 +27,16 @@
 // the index so that it stays warm. Write-around: the PUT goes to disk only and any RAM
 // copy of the key is dropped.
 //
+// Write-back (writeback.go): a PUT charges its slot to the dirty budget (bounded wait, then
+// store.ErrBusy), fills the slot and publishes it dirty: served at once, never retired by
+// the ring. Flushers write dirty slots through the same DirectWriter path, in ack order;
+// a slot no longer its key's value when its turn comes is dropped unwritten. Crash
+// contract: latest acknowledged value or a miss. An overwrite of a key with a durable older
+// version removes that version from disk before the ack, and a per-stripe disk lock orders
+// flushes against those removals, REMOVEs and writes around the tier, so no flush lands
+// after a newer version. Close drains every dirty slot (bounded by DrainTimeout). ForEach
+// lists the disk only: dirty keys are not listed until flushed.
+//
 // Reads. A warm GET pins the slot and hands the arena slice to the callback: no disk I/O
 // and no copy besides the socket write; it calls store.Touch on the backing engine so that
 // the disk's eviction counts the use (it would otherwise evict the hottest values first). A cold GET reserves a slot of the value's padded
@@ -34,7 +44,7 @@
 // verified), then publishes it (promotion) and serves it from there. Values larger than
 // MaxValueBytes are never cached.
 //
-// Consistency. RAM only ever holds a value that is on disk. Every PUT and REMOVE bumps a
+// Consistency. Outside write-back, RAM only ever holds a value that is on disk. Every PUT and REMOVE bumps a
 // per-key-stripe epoch and counts itself active while it runs; removals reported by the
 // backing engine (eviction, failed verification) bump it too and drop the RAM copy. A
 // promotion is published only if no write or removal touched the stripe while it read; a

@@ -71,7 +71,7 @@ func (sh *shard) allocLocked(n int64) *slot {
 			return nil // n > size: cannot happen, reserve checks it
 		}
 		tail := sh.ring[sh.rhead]
-		if tail.state == slotReserved || tail.pins.Load() > 0 {
+		if tail.state == slotReserved || tail.state == slotDirty || tail.pins.Load() > 0 {
 			return nil
 		}
 		sh.retireTailLocked()
@@ -139,9 +139,10 @@ func (sh *shard) newSlotLocked() *slot {
 // the shard lock), replacing any older copy of the key. Otherwise the slot is retired.
 func (sh *shard) publish(s *slot, ok func() bool) bool {
 	sh.mu.Lock()
-	published := ok()
+	old := sh.index[s.key]
+	published := ok() && (old == nil || old.state != slotDirty) // RAM's newest value is never replaced by the disk's
 	if published {
-		if old := sh.index[s.key]; old != nil {
+		if old != nil {
 			sh.killLocked(old)
 		}
 		sh.index[s.key] = s
@@ -166,13 +167,42 @@ func (sh *shard) abort(s *slot) {
 	sh.t.backlog.Add(-1)
 }
 
-// invalidate drops key's RAM copy (readers that pinned it finish undisturbed).
-func (sh *shard) invalidate(key store.Key) {
+// invalidate drops key's RAM copy (readers that pinned it finish undisturbed). It reports
+// whether the copy dropped was dirty (write-back, not yet on disk).
+func (sh *shard) invalidate(key store.Key) (dirty bool) {
 	sh.mu.Lock()
 	if s := sh.index[key]; s != nil {
+		dirty = s.state == slotDirty
 		sh.killLocked(s)
 	}
 	sh.mu.Unlock()
+	return dirty
+}
+
+// invalidateDurable drops key's RAM copy unless it is dirty: a removal on disk concerns
+// an older version than a dirty slot holds.
+func (sh *shard) invalidateDurable(key store.Key) {
+	sh.mu.Lock()
+	if s := sh.index[key]; s != nil && s.state != slotDirty {
+		sh.killLocked(s)
+	}
+	sh.mu.Unlock()
+}
+
+// publishDirty makes a filled, pinned write-back slot key's value in the index, replacing
+// any older copy (an older dirty slot is then dropped by its flusher, unwritten).
+func (sh *shard) publishDirty(s *slot) {
+	sh.mu.Lock()
+	if old := sh.index[s.key]; old != nil {
+		sh.killLocked(old)
+	}
+	sh.index[s.key] = s
+	s.state = slotDirty
+	sh.live += int64(s.length)
+	sh.objects++
+	sh.wakeLocked()
+	sh.mu.Unlock()
+	sh.t.backlog.Add(-1)
 }
 
 func (sh *shard) killLocked(s *slot) {

@@ -22,33 +22,48 @@ const (
 	WriteThrough Policy = iota
 	// WriteAround stores the value on disk only; reads promote it.
 	WriteAround
+	// WriteBack acknowledges a PUT once its bytes are in an arena slot; flusher goroutines
+	// write dirty slots to disk later. A crash loses the unflushed writes (the keys read
+	// as misses, never as older versions).
+	WriteBack
 )
 
 func (p Policy) String() string {
-	if p == WriteAround {
+	switch p {
+	case WriteAround:
 		return "write-around"
+	case WriteBack:
+		return "write-back"
 	}
 	return "write-through"
 }
 
-// ParsePolicy parses "write-through" or "write-around".
+// ParsePolicy parses "write-through", "write-around" or "write-back".
 func ParsePolicy(s string) (Policy, error) {
 	switch s {
 	case "write-through", "through", "":
 		return WriteThrough, nil
 	case "write-around", "around":
 		return WriteAround, nil
+	case "write-back", "back":
+		return WriteBack, nil
 	}
-	return 0, fmt.Errorf("unknown RAM tier policy %q (want write-through or write-around)", s)
+	return 0, fmt.Errorf("unknown RAM tier policy %q (want write-through, write-around or write-back)", s)
 }
 
 // Defaults.
 const (
 	DefaultShards      = 8
 	DefaultWaitTimeout = 100 * time.Millisecond
-	maxAutoValue       = 64 << 20
-	minShardBytes      = 1 << 20
-	stripes            = 4096
+	// DefaultFlushThreads is the number of write-back flusher goroutines.
+	DefaultFlushThreads = 4
+	// DefaultDirtyWait bounds a write-back PUT's wait for dirty budget before Busy.
+	DefaultDirtyWait = 200 * time.Millisecond
+	// DefaultDrainTimeout bounds how long Close flushes dirty slots.
+	DefaultDrainTimeout = 60 * time.Second
+	maxAutoValue        = 64 << 20
+	minShardBytes       = 1 << 20
+	stripes             = 4096
 )
 
 // Config configures a Tier.
@@ -68,7 +83,21 @@ type Config struct {
 	Coalesce bool
 	// CoalesceTimeout bounds a follower's wait for its leader (default 500ms).
 	CoalesceTimeout time.Duration
-	Logger          *slog.Logger
+	// FlushThreads is the number of write-back flushers (default 4).
+	FlushThreads int
+	// DirtyBytes is the write-back dirty budget: arena bytes that may hold values not yet
+	// on disk (default half the arena; at most the arena).
+	DirtyBytes int64
+	// DirtyWait bounds a write-back PUT's wait for dirty budget; then it fails with
+	// store.ErrBusy (default 200ms).
+	DirtyWait time.Duration
+	// DrainTimeout bounds how long Close flushes dirty slots (default 60s); when it is
+	// hit, the unflushed writes are lost and the count is logged.
+	DrainTimeout time.Duration
+	// StallFlush is fault injection for tests: flushers write nothing until Close starts
+	// draining, so the dirty budget fills.
+	StallFlush bool
+	Logger     *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -84,6 +113,18 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.FlushThreads <= 0 {
+		c.FlushThreads = DefaultFlushThreads
+	}
+	if c.DirtyBytes <= 0 || c.DirtyBytes > c.ArenaBytes {
+		c.DirtyBytes = c.ArenaBytes / 2
+	}
+	if c.DirtyWait <= 0 {
+		c.DirtyWait = DefaultDirtyWait
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
 	if c.MaxValueBytes <= 0 && c.Shards > 0 {
 		c.MaxValueBytes = min(c.ArenaBytes/int64(c.Shards)/4, maxAutoValue)
 	}
@@ -95,6 +136,7 @@ const (
 	slotReserved uint8 = iota // being filled by its owner; not in the index
 	slotLive                  // in the index; its value is durable on disk
 	slotDead                  // out of the index; reclaimed at the tail once unpinned
+	slotDirty                 // in the index (write-back); not yet on disk; never evicted
 )
 
 type slot struct {
@@ -127,7 +169,10 @@ type shard struct {
 type stripe struct {
 	epoch  atomic.Uint64 // bumped by every write, remove and reported removal
 	active atomic.Int32  // writes and removes in progress
-	_      [4]byte
+	// disk orders, per key stripe, write-back's disk changes (flushes, removals of an
+	// older durable version, writes around the tier) against index publication, so a
+	// flush can never land after a newer version was acknowledged.
+	disk sync.Mutex
 }
 
 // Tier is a RAM hot tier over a backing engine. It is safe for concurrent use.
@@ -146,6 +191,8 @@ type Tier struct {
 
 	hits, misses, promoted, evictions, evictedBytes atomic.Int64
 	waits, bypassed, backlog                        atomic.Int64
+
+	wb wbState // write-back only
 }
 
 var (
@@ -193,9 +240,20 @@ func New(backing store.Engine, cfg Config) (*Tier, error) {
 	if cfg.Coalesce {
 		t.flights = coalesce.NewGroup(cfg.CoalesceTimeout)
 	}
+	if cfg.DirtyBytes > total {
+		t.cfg.DirtyBytes = total
+	}
 	store.SetRemovalObserver(backing, t.backingRemoved)
+	if cfg.Policy == WriteBack {
+		t.startFlushers()
+	}
 	t.log.Info("ramtier: arena ready", "bytes", total, "shards", cfg.Shards, "policy", cfg.Policy.String(),
 		"max_value", cfg.MaxValueBytes, "coalesce", cfg.Coalesce)
+	if cfg.Policy == WriteBack {
+		t.log.Info("ramtier: write-back: a crash loses at most the dirty budget (unflushed acknowledged writes)",
+			"dirty_budget", t.cfg.DirtyBytes, "flush_threads", cfg.FlushThreads, "dirty_wait", cfg.DirtyWait,
+			"drain_timeout", cfg.DrainTimeout)
+	}
 	return t, nil
 }
 
@@ -386,6 +444,9 @@ func (t *Tier) Put(key store.Key, size int, fill func([]byte) error) error {
 	st.active.Add(1)
 	defer st.active.Add(-1)
 	sh := t.shardOf(key)
+	if t.cfg.Policy == WriteBack {
+		return t.putBack(key, st, sh, size, fill)
+	}
 	if t.cfg.Policy == WriteAround || size <= 0 || int64(size) > t.cfg.MaxValueBytes {
 		err := t.backing.Put(key, size, fill)
 		sh.invalidate(key)
@@ -427,9 +488,16 @@ func (t *Tier) Remove(key store.Key) error {
 	st.active.Add(1)
 	defer st.active.Add(-1)
 	sh := t.shardOf(key)
-	sh.invalidate(key)
+	if t.cfg.Policy == WriteBack {
+		st.disk.Lock() // a flush of the key must not land after the removal
+		defer st.disk.Unlock()
+	}
+	dirty := sh.invalidate(key)
 	err := t.backing.Remove(key)
 	sh.invalidate(key)
+	if dirty && errors.Is(err, store.ErrNotFound) {
+		return nil // the value lived only in RAM
+	}
 	return err
 }
 
@@ -439,7 +507,7 @@ func (t *Tier) backingRemoved(key store.Key, size int64, why store.RemovalReason
 	if why != store.Replaced { // a replacement comes from a Put, which bumped the epoch
 		t.stripeOf(key).epoch.Add(1)
 	}
-	t.shardOf(key).invalidate(key)
+	t.shardOf(key).invalidateDurable(key)
 	if fn := t.observer.Load(); fn != nil {
 		(*fn)(key, size, why)
 	}
@@ -473,6 +541,12 @@ func (t *Tier) RAMStats() store.RAMStats {
 		ArenaBytes: int64(len(t.arena)), Hits: t.hits.Load(), Misses: t.misses.Load(),
 		Promoted: t.promoted.Load(), Evictions: t.evictions.Load(), EvictedBytes: t.evictedBytes.Load(),
 		BackpressureWaits: t.waits.Load(), Bypassed: t.bypassed.Load(), Backlog: t.backlog.Load(),
+		DirtyBytes: t.wb.dirty.Load(), FlushBacklog: t.wb.queued.Load(),
+		Flushed: t.wb.flushed.Load(), FlushDropped: t.wb.dropped.Load(), FlushErrors: t.wb.errors.Load(),
+		DirtyWaits: t.wb.waits.Load(), DirtyBusy: t.wb.busy.Load(), Tombstones: t.wb.tombstones.Load(),
+	}
+	if t.cfg.Policy == WriteBack {
+		s.WriteBack, s.FlushThreads, s.DirtyBudgetBytes = true, int64(t.cfg.FlushThreads), t.cfg.DirtyBytes
 	}
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -509,7 +583,14 @@ func (t *Tier) Close() error {
 	for t.inflight.Load() > 0 {
 		time.Sleep(time.Millisecond)
 	}
+	drained := true
+	if t.cfg.Policy == WriteBack {
+		drained = t.drain()
+	}
 	err := t.backing.Close()
+	if !drained {
+		return err // a flusher may still read the arena: leave it mapped (the process is exiting)
+	}
 	if uerr := unix.Munmap(t.arena); uerr != nil && err == nil {
 		err = fmt.Errorf("ramtier: unmap arena: %w", uerr)
 	}

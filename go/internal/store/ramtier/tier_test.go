@@ -439,13 +439,13 @@ func TestConfigAndPolicy(t *testing.T) {
 	if _, err := New(store.NewMem(0), Config{ArenaBytes: 1 * mib, Shards: 8}); err == nil {
 		t.Fatal("a 128 KiB shard was accepted")
 	}
-	for _, s := range []string{"write-through", "write-around"} {
+	for _, s := range []string{"write-through", "write-around", "write-back"} {
 		p, err := ParsePolicy(s)
 		if err != nil || p.String() != s {
 			t.Fatalf("%s: %v %v", s, p, err)
 		}
 	}
-	if _, err := ParsePolicy("write-back"); err == nil {
+	if _, err := ParsePolicy("write-sideways"); err == nil {
 		t.Fatal("unknown policy accepted")
 	}
 	// Values above MaxValueBytes go around the tier and still round-trip.

@@ -1,0 +1,241 @@
+package ramtier
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dfkv/dfkv/go/internal/store"
+)
+
+// wbState is the write-back machinery: the dirty budget and the flush queue.
+type wbState struct {
+	mu      sync.Mutex
+	work    *sync.Cond // flushers wait here for queued slots
+	q       []*slot    // dirty slots in acknowledgement order, each pinned for its flusher
+	stop    bool       // draining: flush what is queued, then exit
+	stalled bool       // fault injection: flush nothing until draining
+	wg      sync.WaitGroup
+
+	bmu   sync.Mutex
+	bwake chan struct{} // closed and replaced whenever dirty bytes are released
+
+	dirty, queued                                     atomic.Int64
+	flushed, dropped, errors, waits, busy, tombstones atomic.Int64
+}
+
+func (t *Tier) startFlushers() {
+	w := &t.wb
+	w.work = sync.NewCond(&w.mu)
+	w.bwake = make(chan struct{})
+	w.stalled = t.cfg.StallFlush
+	if w.stalled {
+		t.log.Warn("ramtier: fault injection: flushers stalled until shutdown")
+	}
+	for range t.cfg.FlushThreads {
+		w.wg.Add(1)
+		go t.flusher()
+	}
+}
+
+// acquireDirty charges n bytes to the dirty budget, waiting at most DirtyWait for
+// flushes to release some; then it fails with store.ErrBusy. A value larger than the
+// whole budget is admitted when nothing else is dirty.
+func (t *Tier) acquireDirty(n int64) error {
+	w := &t.wb
+	var timer *time.Timer
+	for {
+		w.bmu.Lock()
+		if d := w.dirty.Load(); d == 0 || d+n <= t.cfg.DirtyBytes {
+			w.dirty.Add(n)
+			w.bmu.Unlock()
+			return nil
+		}
+		wake := w.bwake
+		w.bmu.Unlock()
+		if timer == nil {
+			w.waits.Add(1)
+			timer = time.NewTimer(t.cfg.DirtyWait)
+			defer timer.Stop()
+		}
+		select {
+		case <-wake:
+		case <-timer.C:
+			w.busy.Add(1)
+			return fmt.Errorf("ramtier: write-back dirty budget of %d bytes still full after %v: %w",
+				t.cfg.DirtyBytes, t.cfg.DirtyWait, store.ErrBusy)
+		}
+	}
+}
+
+func (t *Tier) releaseDirty(n int64) {
+	w := &t.wb
+	w.bmu.Lock()
+	w.dirty.Add(-n)
+	close(w.bwake)
+	w.bwake = make(chan struct{})
+	w.bmu.Unlock()
+}
+
+// putBack is Put under write-back: the value is acknowledged once it is in a dirty arena
+// slot. An older durable version of the key is removed from disk first, so that a crash
+// before the flush leaves a miss, never that older version.
+func (t *Tier) putBack(key store.Key, st *stripe, sh *shard, size int, fill func([]byte) error) error {
+	if size <= 0 || int64(size) > t.cfg.MaxValueBytes {
+		t.bypassed.Add(1)
+		return t.putAroundBack(key, st, sh, size, fill)
+	}
+	n := store.AlignUp(int64(size))
+	if err := t.acquireDirty(n); err != nil {
+		return err
+	}
+	s, err := sh.reserve(key, n)
+	if err != nil { // the arena is full of dirty or pinned slots: write through to disk
+		t.releaseDirty(n)
+		t.bypassed.Add(1)
+		return t.putAroundBack(key, st, sh, size, fill)
+	}
+	buf := t.bytesOf(s)
+	if err := fill(buf[:size]); err != nil {
+		sh.abort(s)
+		t.unpin(s)
+		t.releaseDirty(n)
+		return err
+	}
+	s.length = size
+	st.disk.Lock()
+	if _, err := t.backing.Stat(key); !errors.Is(err, store.ErrNotFound) {
+		if err := t.backing.Remove(key); err != nil && !errors.Is(err, store.ErrNotFound) {
+			st.disk.Unlock()
+			sh.abort(s)
+			t.unpin(s)
+			t.releaseDirty(n)
+			return fmt.Errorf("ramtier: write-back: make the older version unreachable: %w", err)
+		}
+		t.wb.tombstones.Add(1)
+	}
+	s.pins.Add(1) // the flush queue's pin: the slot is not reused before its flusher is done
+	sh.publishDirty(s)
+	st.disk.Unlock()
+	t.unpin(s) // the owner's pin
+	t.push(s)
+	return nil
+}
+
+// putAroundBack writes a value that does not go into the arena straight to disk, dropping
+// any dirty older version first (under the stripe's disk lock, so its flush cannot land
+// after this write).
+func (t *Tier) putAroundBack(key store.Key, st *stripe, sh *shard, size int, fill func([]byte) error) error {
+	st.disk.Lock()
+	defer st.disk.Unlock()
+	sh.invalidate(key)
+	err := t.backing.Put(key, size, fill)
+	sh.invalidate(key)
+	return err
+}
+
+func (t *Tier) push(s *slot) {
+	w := &t.wb
+	w.mu.Lock()
+	w.q = append(w.q, s)
+	w.queued.Add(1)
+	w.work.Signal()
+	w.mu.Unlock()
+}
+
+func (t *Tier) flusher() {
+	w := &t.wb
+	defer w.wg.Done()
+	for {
+		w.mu.Lock()
+		for (len(w.q) == 0 || w.stalled) && !w.stop {
+			w.work.Wait()
+		}
+		if len(w.q) == 0 {
+			w.mu.Unlock()
+			return
+		}
+		s := w.q[0]
+		w.q[0] = nil
+		w.q = w.q[1:]
+		w.queued.Add(-1)
+		w.mu.Unlock()
+		t.flush(s)
+	}
+}
+
+// flush writes a dirty slot to disk if it is still its key's value; a slot overwritten or
+// removed before its turn is dropped unwritten.
+func (t *Tier) flush(s *slot) {
+	sh := s.sh
+	st := t.stripeOf(s.key)
+	st.disk.Lock()
+	sh.mu.RLock()
+	current := s.state == slotDirty && sh.index[s.key] == s
+	sh.mu.RUnlock()
+	key, length := s.key, s.length
+	var err error
+	if current {
+		err = store.PutFrom(t.backing, key, t.bytesOf(s), length)
+		sh.mu.Lock()
+		if err == nil {
+			s.state = slotLive // durable: evictable from now on
+		} else if sh.index[key] == s {
+			sh.killLocked(s)
+		} else {
+			s.state = slotDead
+		}
+		sh.wakeLocked()
+		sh.mu.Unlock()
+	}
+	st.disk.Unlock()
+	switch {
+	case !current:
+		t.wb.dropped.Add(1)
+		t.notifyGone(key, length, store.Replaced)
+	case err != nil:
+		t.wb.errors.Add(1)
+		t.log.Error("ramtier: flush failed; the acknowledged value is lost (its key reads as a miss)",
+			"size", length, "err", err)
+		t.notifyGone(key, length, store.Dropped)
+	default:
+		t.wb.flushed.Add(1)
+	}
+	t.releaseDirty(s.n)
+	t.unpin(s)
+}
+
+// notifyGone tells the outer observer (quota accounting) that an acknowledged value left
+// without reaching the disk.
+func (t *Tier) notifyGone(key store.Key, size int, why store.RemovalReason) {
+	if fn := t.observer.Load(); fn != nil {
+		(*fn)(key, int64(size), why)
+	}
+}
+
+// drain flushes every queued dirty slot, at most DrainTimeout. It reports whether the
+// flushers finished.
+func (t *Tier) drain() bool {
+	w := &t.wb
+	start := time.Now()
+	slots, bytes := w.queued.Load(), w.dirty.Load()
+	w.mu.Lock()
+	w.stop, w.stalled = true, false
+	w.work.Broadcast()
+	w.mu.Unlock()
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	timer := time.NewTimer(t.cfg.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+		t.log.Info("ramtier: write-back drained", "slots", slots, "bytes", bytes, "took", time.Since(start))
+		return true
+	case <-timer.C:
+		t.log.Error("ramtier: write-back drain timeout hit; the unflushed acknowledged writes are lost",
+			"timeout", t.cfg.DrainTimeout, "slots_left", w.queued.Load(), "dirty_bytes_left", w.dirty.Load())
+		return false
+	}
+}

@@ -1,0 +1,306 @@
+package ramtier
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/store/slab"
+)
+
+func openSlabDir(t testing.TB, dir string) *slab.Engine {
+	t.Helper()
+	e, err := slab.Open(slab.Config{Dir: dir, CapacityBytes: 64 * mib, ExtentBytes: 8 * mib,
+		MaxValueBytes: 4 * mib, BufferPoolBytes: 16 * mib, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// newWB returns a write-back tier over a slab engine in dir; the caller closes it.
+func newWB(t testing.TB, dir string, cfg Config) (*Tier, *slab.Engine) {
+	t.Helper()
+	e := openSlabDir(t, dir)
+	cfg.Policy, cfg.Logger = WriteBack, quiet
+	tr, err := New(e, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr, e
+}
+
+// reopen returns what the disk holds for key k after the tier was closed.
+func diskValue(t testing.TB, dir string, k store.Key) ([]byte, error) {
+	t.Helper()
+	e := openSlabDir(t, dir)
+	defer e.Close()
+	var out []byte
+	err := e.Get(k, func(v []byte) error { out = bytes.Clone(v); return nil })
+	return out, err
+}
+
+func TestWriteBackAcksBeforeDiskAndDrainsOnClose(t *testing.T) {
+	dir := t.TempDir()
+	tr, disk := newWB(t, dir, Config{ArenaBytes: 8 * mib, Shards: 2, StallFlush: true})
+	v := val(1, 300*kib)
+	put(t, tr, key(1), v)
+	if _, err := disk.Stat(key(1)); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("stalled flusher, yet the value is on disk: %v", err)
+	}
+	if got := get(t, tr, key(1)); !bytes.Equal(got, v) {
+		t.Fatal("dirty value read back wrong")
+	}
+	if rs := tr.RAMStats(); rs.DirtyBytes != store.AlignUp(300*kib) || rs.FlushBacklog != 1 || !rs.WriteBack {
+		t.Fatalf("stats %+v", rs)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rs := tr.RAMStats(); rs.Flushed != 1 || rs.DirtyBytes != 0 {
+		t.Fatalf("after drain %+v", rs)
+	}
+	if got, err := diskValue(t, dir, key(1)); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("after drain the disk holds %d bytes (%v)", len(got), err)
+	}
+}
+
+// An overwrite of a durable value makes the old version unreachable before its ack: a
+// crash before the flush then leaves a miss, not the old version.
+func TestWriteBackOverwriteRemovesDurableVersionBeforeAck(t *testing.T) {
+	dir := t.TempDir()
+	e := openSlabDir(t, dir)
+	put(t, e, key(2), versionVal(2, 0))
+	e.Close()
+	tr, disk := newWB(t, dir, Config{ArenaBytes: 8 * mib, Shards: 2, StallFlush: true})
+	put(t, tr, key(2), versionVal(2, 1))
+	if _, err := disk.Stat(key(2)); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("old version still reachable on disk after the ack: %v", err)
+	}
+	if got := get(t, tr, key(2)); !bytes.Equal(got, versionVal(2, 1)) {
+		t.Fatal("tier serves the wrong version")
+	}
+	if rs := tr.RAMStats(); rs.Tombstones != 1 {
+		t.Fatalf("tombstones %d", rs.Tombstones)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := diskValue(t, dir, key(2)); err != nil || !bytes.Equal(got, versionVal(2, 1)) {
+		t.Fatalf("after drain: %v", err)
+	}
+}
+
+// A slot overwritten before its flush is never written; only the latest bytes reach disk.
+func TestWriteBackOverwrittenSlotFlushedOnce(t *testing.T) {
+	dir := t.TempDir()
+	tr, _ := newWB(t, dir, Config{ArenaBytes: 8 * mib, Shards: 2, StallFlush: true})
+	for ver := 0; ver < 5; ver++ {
+		put(t, tr, key(3), versionVal(3, ver))
+	}
+	put(t, tr, key(4), val(4, 10*kib))
+	if err := tr.Remove(key(4)); err != nil { // dirty only: removing it is not an error
+		t.Fatal(err)
+	}
+	if err := tr.Remove(key(4)); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("second remove: %v", err)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rs := tr.RAMStats(); rs.Flushed != 1 || rs.FlushDropped != 5 {
+		t.Fatalf("flushed %d dropped %d, want 1 and 5", rs.Flushed, rs.FlushDropped)
+	}
+	if got, err := diskValue(t, dir, key(3)); err != nil || !bytes.Equal(got, versionVal(3, 4)) {
+		t.Fatalf("disk does not hold the latest version: %v", err)
+	}
+	if _, err := diskValue(t, dir, key(4)); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("removed dirty key reached the disk: %v", err)
+	}
+}
+
+// A full dirty budget makes a PUT wait, bounded, then fail with ErrBusy; dirty slots are
+// never evicted while the arena is full of them; nothing acknowledged is lost at Close.
+func TestWriteBackBudgetFullIsBusyAndDirtyNeverEvicted(t *testing.T) {
+	dir := t.TempDir()
+	tr, _ := newWB(t, dir, Config{ArenaBytes: 2 * mib, Shards: 1, DirtyBytes: 2 * mib,
+		DirtyWait: 30 * time.Millisecond, WaitTimeout: 20 * time.Millisecond, StallFlush: true})
+	const n = 8
+	for i := 0; i < n; i++ {
+		put(t, tr, key(10+i), val(10+i, 256*kib))
+	}
+	start := time.Now()
+	err := tr.Put(key(99), 256*kib, func(dst []byte) error { t.Error("filled while busy"); return nil })
+	if !errors.Is(err, store.ErrBusy) {
+		t.Fatalf("full budget: %v", err)
+	}
+	if d := time.Since(start); d < 30*time.Millisecond || d > 10*time.Second {
+		t.Fatalf("busy after %v, want the 30ms bounded wait", d)
+	}
+	rs := tr.RAMStats()
+	if rs.DirtyBusy != 1 || rs.DirtyWaits != 1 || rs.Evictions != 0 || rs.Objects != n {
+		t.Fatalf("stats %+v", rs)
+	}
+	for i := 0; i < n; i++ {
+		if got := get(t, tr, key(10+i)); !bytes.Equal(got, val(10+i, 256*kib)) {
+			t.Fatalf("key %d wrong", i)
+		}
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if got, err := diskValue(t, dir, key(10+i)); err != nil || !bytes.Equal(got, val(10+i, 256*kib)) {
+			t.Fatalf("key %d lost after drain: %v", i, err)
+		}
+	}
+}
+
+// Values larger than the tier takes go straight to disk and drop a dirty older version, so
+// its flush cannot land over them.
+func TestWriteBackLargeValueSupersedesDirty(t *testing.T) {
+	dir := t.TempDir()
+	tr, _ := newWB(t, dir, Config{ArenaBytes: 4 * mib, Shards: 2, MaxValueBytes: 64 * kib, StallFlush: true})
+	put(t, tr, key(5), val(5, 16*kib))
+	put(t, tr, key(5), val(5, 100*kib))
+	if got := get(t, tr, key(5)); !bytes.Equal(got, val(5, 100*kib)) {
+		t.Fatal("large value not served")
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := diskValue(t, dir, key(5)); err != nil || !bytes.Equal(got, val(5, 100*kib)) {
+		t.Fatalf("disk holds %d bytes (%v)", len(got), err)
+	}
+}
+
+// Concurrent writers, removers and readers with live flushers: reads only ever see bytes
+// of some written version, and after Close the disk holds each key's last write.
+func TestWriteBackConcurrentOverwrites(t *testing.T) {
+	dir := t.TempDir()
+	tr, _ := newWB(t, dir, Config{ArenaBytes: 4 * mib, Shards: 2, DirtyBytes: 1 * mib, FlushThreads: 3,
+		DirtyWait: 2 * time.Second, Coalesce: true})
+	const writers, keysPer, versions = 4, 3, 60
+	var wg sync.WaitGroup
+	last := make([][]int, writers) // last[w][j]: last version written, -1 removed
+	for w := 0; w < writers; w++ {
+		last[w] = make([]int, keysPer)
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for ver := 0; ver < versions; ver++ {
+				j := ver % keysPer
+				k := w*keysPer + j
+				if ver%11 == 5 {
+					if err := tr.Remove(key(k)); err != nil && !errors.Is(err, store.ErrNotFound) {
+						t.Error(err)
+					}
+					last[w][j] = -1
+					continue
+				}
+				if err := tr.Put(key(k), len(versionVal(k, ver)), func(d []byte) error { copy(d, versionVal(k, ver)); return nil }); err != nil {
+					t.Error(err)
+					return
+				}
+				last[w][j] = ver
+			}
+		}(w)
+	}
+	for r := 0; r < 3; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			for i := 0; i < 400; i++ {
+				k := (r + i) % (writers * keysPer)
+				err := tr.Get(key(k), func(v []byte) error {
+					ver := int(v[0]) | int(v[1])<<8
+					if ver >= versions || !bytes.Equal(v, versionVal(k, ver)) {
+						return fmt.Errorf("key %d: bytes of no version", k)
+					}
+					return nil
+				})
+				if err != nil && !errors.Is(err, store.ErrNotFound) {
+					t.Error(err)
+					return
+				}
+			}
+		}(r)
+	}
+	wg.Wait()
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for w := 0; w < writers; w++ {
+		for j := 0; j < keysPer; j++ {
+			k := w*keysPer + j
+			got, err := diskValue(t, dir, key(k))
+			if last[w][j] < 0 {
+				if !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("key %d removed last, disk has it (%v)", k, err)
+				}
+				continue
+			}
+			if err != nil || !bytes.Equal(got, versionVal(k, last[w][j])) {
+				t.Fatalf("key %d: disk is not version %d (%v)", k, last[w][j], err)
+			}
+		}
+	}
+}
+
+// gatedPut blocks every Put until gate is closed: a disk that stopped answering.
+type gatedPut struct {
+	store.Engine
+	gate chan struct{}
+}
+
+func (g *gatedPut) Put(k store.Key, size int, fill func([]byte) error) error {
+	<-g.gate
+	return g.Engine.Put(k, size, fill)
+}
+
+// A drain that cannot finish is bounded by DrainTimeout and logged with what was left.
+func TestWriteBackDrainTimeoutIsLogged(t *testing.T) {
+	g := &gatedPut{Engine: store.NewMem(0), gate: make(chan struct{})}
+	var logBuf lockedBuf
+	tr, err := New(g, Config{ArenaBytes: 4 * mib, Shards: 2, Policy: WriteBack, DrainTimeout: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, tr, key(1), val(1, 8*kib))
+	put(t, tr, key(2), val(2, 8*kib))
+	done := make(chan error, 1)
+	go func() { done <- tr.Close() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return after the drain timeout")
+	}
+	close(g.gate) // let the stuck flusher finish (the arena stayed mapped for it)
+	if s := logBuf.String(); !strings.Contains(s, "drain timeout hit") || !strings.Contains(s, "slots_left") {
+		t.Fatalf("drain timeout not logged:\n%s", s)
+	}
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
