@@ -32,6 +32,7 @@ var (
 	_ store.DirectWriter = (*Engine)(nil)
 	_ store.Observable   = (*Engine)(nil)
 	_ store.Lister       = (*Engine)(nil)
+	_ store.Leaser       = (*Engine)(nil)
 )
 
 // Engine is a slab engine over one directory. It is safe for concurrent use.
@@ -67,6 +68,7 @@ type Engine struct {
 	handExt   int           // global CLOCK hand for watermark eviction
 	handSlot  int
 
+	leases    *store.Leases // eviction skips leased slots (slot.leased, extent.leases)
 	observer  atomic.Pointer[store.RemovalObserver]
 	closed    atomic.Bool
 	inflight  atomic.Int64
@@ -105,6 +107,7 @@ type extent struct {
 	draining   bool
 	stuck      bool // draining, but holds a quarantined slot so it will never empty
 	pins       atomic.Int32
+	leases     atomic.Int32 // leased slots: such an extent is not drained
 	lastAccess atomic.Int64
 }
 
@@ -127,6 +130,7 @@ type slot struct {
 	key    store.Key
 
 	pins     atomic.Int32
+	leased   atomic.Bool // holds a lease: eviction skips it
 	ref      atomic.Bool // CLOCK reference bit
 	tombDone atomic.Bool // the tombstone of the current occupant is durable
 	released atomic.Bool // returned to the free list for the current occupancy
@@ -150,6 +154,7 @@ func Open(cfg Config) (*Engine, error) {
 		tblFd:     -1,
 		releaseCh: make(chan struct{}),
 	}
+	e.leases = store.NewLeases(int64(max(cfg.LeaseShare, 0)*float64(cfg.CapacityBytes)), leaseChanged)
 	for _, size := range SizeClasses(cfg.MaxValueBytes) {
 		e.classes = append(e.classes, class{size: size})
 	}
@@ -388,6 +393,7 @@ func (e *Engine) SetRemovalObserver(fn store.RemovalObserver) {
 }
 
 func (e *Engine) observeLocked(k store.Key, size int64, why store.RemovalReason) {
+	e.leases.Release(k) // the leased value left; a lease never outlives it
 	if fn := e.observer.Load(); fn != nil {
 		(*fn)(k, size, why)
 	}
