@@ -473,3 +473,32 @@ func dfkvgo_stats_snapshot(c C.uintptr_t, buf *C.char, capacity C.uint64_t) (n C
 
 //export dfkvgo_version
 func dfkvgo_version() *C.char { return cVersion }
+
+//export dfkvgo_batch_exist_lease
+func dfkvgo_batch_exist_lease(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, n C.int, leaseMS C.uint32_t, outOK *C.int) (rc C.int) {
+	defer func() {
+		if recover() != nil {
+			rc = -1
+		}
+	}()
+	ok, _, have := outs(n, outOK, nil)
+	h := handle(c)
+	ks, ok1 := keyList(keys, keyLens, n)
+	if h == nil || !have || !ok1 {
+		return -1
+	}
+	return C.int(h.BatchExistLease(ks, uint32(leaseMS), ok))
+}
+
+//export dfkvgo_max_value_size
+func dfkvgo_max_value_size(c C.uintptr_t) (n C.uint64_t) {
+	defer func() {
+		if recover() != nil {
+			n = 0
+		}
+	}()
+	if h := handle(c); h != nil {
+		return C.uint64_t(h.MaxValue())
+	}
+	return 0
+}

@@ -368,3 +368,39 @@ func applyTimeoutEnv(o *client.Options) error {
 	}
 	return nil
 }
+
+// BatchExistLease looks keys up and leases the hits: outOK[i] = 1 hit and leased, 2 hit
+// without a lease (the server's lease budget is spent), 0 miss or failure.
+func (h *Handle) BatchExistLease(keys [][]byte, leaseMS uint32, outOK []int32) int {
+	fill(outOK)
+	if len(outOK) != len(keys) {
+		return -1
+	}
+	items := make([]client.Item, len(keys))
+	for i := range items {
+		items[i].Key = keys[i]
+	}
+	if h.c.BatchExistLease(items, time.Duration(leaseMS)*time.Millisecond) != nil {
+		return -1
+	}
+	for i := range items {
+		switch {
+		case items[i].Err != nil:
+		case items[i].Leased:
+			outOK[i] = 1
+		default:
+			outOK[i] = 2
+		}
+	}
+	return 0
+}
+
+// MaxValue is the largest value every current member accepts; 0 when unknown (no member
+// reachable).
+func (h *Handle) MaxValue() uint64 {
+	n, err := h.c.MaxValue()
+	if err != nil {
+		return 0
+	}
+	return n
+}
