@@ -116,6 +116,8 @@ _PROTOTYPES = {
     "dfkv_transport_mode": (c_char_p, [c_void_p]),
     "dfkv_stats_snapshot": (c_uint64, [c_void_p, c_char_p, c_uint64]),
     "dfkv_version": (c_char_p, []),
+    "dfkv_batch_exist_lease": (c_int, [c_void_p, _VP, _U64P, c_int, c_uint32, _IP]),
+    "dfkv_max_value_size": (c_uint64, [c_void_p]),
 }
 
 _lock = threading.Lock()
