@@ -317,11 +317,31 @@ def vllm_step(sched: Any, worker: Any, new_reqs: list, block_ids: Dict[str, list
     meta = sched.build_connector_meta(so)
     worker.bind_connector_metadata(meta)
     worker.start_load_kv(None)
+    for f in list(worker._load_jobs.values()):  # asynchronous loads: wait (bounded) for them
+        f.result(timeout=60)
     for n in VLLM_LAYERS:
         worker.wait_for_layer_load(n)
     worker.wait_for_save()
+    worker.loaded_last = {}
+    _, recv = worker.get_finished(set())
+    wm = worker.build_connector_worker_meta()
+    if wm is not None:
+        worker.loaded_last = dict(wm.loaded)
     worker.clear_connector_metadata()
     return meta
+
+
+def vllm_match(sched: Any, req: Any, num_computed: int) -> Any:
+    """get_num_new_matched_tokens as vLLM calls it: again (next step) while it answers None
+    (the leased lookup is in flight), waiting for the lookup (bounded) in between."""
+    for _ in range(3):
+        res = sched.get_num_new_matched_tokens(req, num_computed)
+        if res[0] is not None:
+            return res
+        lk = sched._lookups.get(req.request_id)
+        if lk is not None and lk.fut is not None:
+            lk.fut.result(timeout=60)
+    raise AssertionError("lookup never answered")
 
 
 def block_digest(caches: Dict[str, Any], block_ids: list) -> str:

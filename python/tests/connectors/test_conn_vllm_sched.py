@@ -109,3 +109,10 @@ def test_dead_node_costs_one_deadline(tenant):
     r.run([f"r{i}" for i in range(3)])
     assert all(r.computed_by_forward[f"r{i}"] == len(PROMPT) + 1 for i in range(3))
     assert time.monotonic() - t0 < 30
+
+
+def test_oversized_block_object_refuses_at_start(small_server, tenant):
+    # one block object here is 512 bytes (2 layers x 2 x 4 tokens x 2 heads x 8 x bf16); the
+    # server accepts 300
+    with pytest.raises(ValueError, match=r"accept at most 300 bytes; start dfkv_server with --max-msg 512"):
+        VllmEngine(f"n1={small_server}", tenant)
