@@ -69,6 +69,29 @@ class MirrorMHAHostPool:
             raise ValueError(layout)
         self.kv_buffer = torch.zeros(dims, dtype=self.dtype)
 
+    # mha.py:713-760 (get_data_page / get_dummy_flat_data_page / set_from_flat_data_page),
+    # the flat data page of the controller's generic (interface_v1=0) path
+    def get_data_page(self, index, flat: bool = True):
+        if self.layout == "layer_first":
+            data_page = self.kv_buffer[:, :, index: index + self.page_size, :, :]
+        else:
+            data_page = self.kv_buffer[:, index: index + self.page_size, :, :, :]
+        return data_page.flatten() if flat else data_page
+
+    def get_dummy_flat_data_page(self):
+        import torch
+
+        return torch.zeros((2, self.layer_num, self.page_size, self.head_num, self.head_dim),
+                           dtype=self.dtype).flatten()
+
+    def set_from_flat_data_page(self, index: int, data_page) -> None:
+        if self.layout == "layer_first":
+            self.kv_buffer[:, :, index: index + self.page_size, :, :] = data_page.reshape(
+                2, self.layer_num, self.page_size, self.head_num, self.head_dim)
+        else:
+            self.kv_buffer[:, index: index + self.page_size, :, :, :] = data_page.reshape(
+                2, self.page_size, self.layer_num, self.head_num, self.head_dim)
+
     def get_page_buffer_meta(self, indices):  # mha.py:817-876, verbatim logic
         assert len(indices) % self.page_size == 0
         ptr_list = []
