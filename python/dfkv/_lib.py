@@ -184,6 +184,14 @@ def load() -> ctypes.CDLL:
         )
 
 
+def forked_after_load() -> Optional[int]:
+    """The pid that loaded the library when this process was forked from it afterwards (the
+    library, with its Go runtime, cannot be used here), else None."""
+    if _lib is not None and _lib_pid != os.getpid():
+        return _lib_pid
+    return None
+
+
 def is_loaded() -> bool:
     """Whether this process (or a parent it was forked from) has loaded the library."""
     return _lib is not None
