@@ -256,8 +256,13 @@ class DfkvRemoteConnector(RemoteConnector):
         return []
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
-        self._client.close()
+        # Waiting for in-flight dfkv calls (and closing the client) blocks: do it on a thread
+        # so the event loop keeps serving LMCache's other tasks meanwhile.
+        def shut() -> None:
+            self._executor.shutdown(wait=True)
+            self._client.close()
+
+        await asyncio.get_running_loop().run_in_executor(None, shut)
 
     def support_batched_get(self) -> bool:
         return True

@@ -134,6 +134,29 @@ def test_blocking_calls_stay_off_the_event_loop(members, tenant):
     _run(go)
 
 
+def test_close_waits_off_the_event_loop(members, tenant):
+    """close() waits for in-flight dfkv calls without blocking the loop: here the in-flight
+    call only finishes when another task on the same loop lets it, so a close() that blocked
+    the loop would wait out the call's 30 s bound."""
+    async def go(loop):
+        conn, _ = lmcache_connector(loop, members, tenant)
+        inner = _inner(conn)
+        release = threading.Event()
+        inner._executor.submit(release.wait, 30)  # an in-flight call
+
+        async def other_task():
+            await asyncio.sleep(0)
+            release.set()
+
+        t0 = time.monotonic()
+        task = asyncio.ensure_future(other_task())
+        await asyncio.wait_for(conn.close(), 60)
+        await task
+        assert time.monotonic() - t0 < 10
+
+    _run(go)
+
+
 def test_missing_short_and_corrupt_values_are_misses(members, tenant):
     import dfkv
 
