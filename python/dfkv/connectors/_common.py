@@ -260,6 +260,19 @@ def log_limited(what: str, msg: str, *args: Any) -> bool:
     return True
 
 
+def check_object_size(lazy: "LazyClient", nbytes: int, what: str, hint: str) -> None:
+    """Refuse to start (ValueError naming the flag to change) when one object of ``nbytes``
+    exceeds the largest value every dfkv server accepts (advertised in HELLO): otherwise
+    every PUT would fail, quietly, for the life of the engine. Unknown limits (no server
+    reachable yet) pass; the PUTs then fail loudly enough on their own."""
+    c = lazy.get()
+    limit = c.max_value_size if c is not None else 0
+    if nbytes and limit and nbytes > limit:
+        raise ValueError(
+            f"{what} is {nbytes} bytes but the dfkv servers accept at most {limit} bytes; start "
+            f"dfkv_server with --max-msg {nbytes} or more, or {hint}")
+
+
 def safe_call(what: str, default: T, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args)``; any exception is logged (rate-limited per ``what``) and turned into
     ``default`` (a miss)."""

@@ -47,6 +47,7 @@ from ._common import (
     ClientConfig,
     LazyClient,
     build_namespace,
+    check_object_size,
     dtype_name,
     fingerprint,
     leading_hits,
@@ -148,6 +149,8 @@ class DfkvRemoteConnector(RemoteConnector):
             tp=1 if self.use_mla else self.world_size)
         self._client = LazyClient(self.cfg, ns, name=f"lmcache[{self.plugin_name}]")
         self._builders: Dict[Tuple[int, int], Callable[[bytes], bytes]] = {}
+        check_object_size(self._client, int(self.full_chunk_size_bytes),
+                          "dfkv LMCache connector: one chunk object", "use a smaller chunk_size")
         logger.info("dfkv LMCache connector: model=%s world_size=%d chunk=%d bytes=%d mla=%s",
                     model, self.world_size, chunk, self.full_chunk_size_bytes, self.use_mla)
 

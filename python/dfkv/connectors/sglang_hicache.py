@@ -48,6 +48,7 @@ from ._common import (
     LazyClient,
     _as_bool,
     addresses_segments,
+    check_object_size,
     build_namespace,
     dtype_name,
     fingerprint,
@@ -188,6 +189,9 @@ class DfkvHiCacheStorage(HiCacheStorage):
         if geom is not None:
             self._geoms[KV_POOL] = geom
         self._client.set_namespace(self._namespace(geom))
+        if geom is not None:
+            check_object_size(self._client, geom.page_bytes, "dfkv HiCache: one KV page object",
+                              "use a smaller --page-size")
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         self.registered_pools[str(host_pool_name)] = host_pool

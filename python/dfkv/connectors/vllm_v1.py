@@ -63,6 +63,7 @@ from ._common import (
     LazyClient,
     _as_bool,
     build_namespace,
+    check_object_size,
     dtype_name,
     fingerprint,
     leading_hits,
@@ -425,15 +426,9 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
     def _check_object_size(self) -> None:
         """Refuse to start when one block object exceeds what the servers accept: every PUT
         would fail, silently, for the life of the engine."""
-        biggest = max(self._obj_bytes or [0])
-        c = self._client.get()
-        limit = c.max_value_size if c is not None else 0
-        if biggest and limit and biggest > limit:
-            raise ValueError(
-                f"dfkv vLLM connector: one KV block object is {biggest} bytes (block_size "
-                f"{self.block_size} x all layers of a group on this rank) but the dfkv servers "
-                f"accept at most {limit} bytes; start dfkv_server with --max-msg {biggest} or "
-                f"more, or use a smaller --block-size")
+        check_object_size(self._client, max(self._obj_bytes or [0]),
+                          f"dfkv vLLM connector: one KV block object ({self.block_size} tokens x "
+                          "every layer of a KV cache group on this rank)", "use a smaller --block-size")
 
     def _block_dim(self, t: torch.Tensor) -> int:
         nb = self.num_blocks

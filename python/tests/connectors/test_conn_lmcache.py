@@ -222,3 +222,11 @@ def test_dead_node_is_misses_fast(tenant):
         await conn.close()
 
     _run(go)
+
+
+def test_oversized_chunk_refuses_at_start(small_server, tenant):
+    async def go(loop):
+        with pytest.raises(ValueError, match=r"one chunk object is \d+ bytes .* --max-msg"):
+            lmcache_connector(loop, f"n1={small_server}", tenant)
+
+    _run(go)

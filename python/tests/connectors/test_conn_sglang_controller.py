@@ -88,3 +88,10 @@ def test_v4_logical_anchor_counts_pages(members):
     host = torch.arange(len(TOKENS), dtype=torch.int64)
     assert c.page_get_func(op, hashes, host) == 5
     assert c.page_set_func(hashes, host)
+
+
+def test_oversized_page_refuses_at_start(small_server):
+    # a 512-byte page (2 layers x K/V x 4 tokens x 2 heads x 8 x bf16); the server takes 300
+    pool = MirrorMHAHostPool(layer_num=2, head_num=2, head_dim=8, page_size=PAGE, size=64)
+    with pytest.raises(ValueError, match=r"KV page object is 512 bytes .* --max-msg 512"):
+        sglang_backend(f"n1={small_server}", "t-size", pool, extra={"interface_v1": 1})
