@@ -163,6 +163,25 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         if groups and not self.enabled:
             logger.warning("dfkv vLLM connector: KV cache groups with different block sizes are not "
                            "supported; the connector reports no hits and saves nothing")
+        self.hash_block_size = self.sched_block_size = self.block_size
+        if groups:
+            try:
+                from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+                self.sched_block_size, self.hash_block_size = resolve_kv_cache_block_sizes(
+                    kv_cache_config, vllm_config)
+            except Exception as e:  # an invalid config is vLLM's to report
+                logger.debug("dfkv: cannot resolve vLLM's hash block size: %s", e)
+        if self.enabled and (self.hash_block_size != self.block_size or self.sched_block_size != self.block_size):
+            # vLLM hashes (and aligns hits to) a unit other than one paged block here (decode
+            # context parallelism: block_size x dcp; a prefix_match_unit): objects keyed per
+            # block would pair hashes with the wrong blocks. Off, loudly, until supported.
+            self.enabled = False
+            logger.warning("dfkv vLLM connector: vLLM hashes blocks of %d tokens and schedules "
+                           "blocks of %d, the paged block is %d (decode context parallelism or "
+                           "prefix_match_unit); this layout is not supported yet, so the connector "
+                           "reports no hits and saves nothing", self.hash_block_size,
+                           self.sched_block_size, self.block_size)
         desc = {
             "groups": [{"layers": len(names), "spec": type(spec).__name__,
                         "block_size": getattr(spec, "block_size", None),

@@ -422,7 +422,8 @@ class VllmEngine:
     core: schedule -> worker (bind metadata, start loads, fake forward that writes each
     computed block's pattern, save, transfer results) -> update_from_output."""
 
-    def __init__(self, members: str, tenant: str, groups: int = 1, policy: Optional[str] = None, **extra: Any):
+    def __init__(self, members: str, tenant: str, groups: int = 1, policy: Optional[str] = None,
+                 prefix_match_unit: Optional[int] = None, **extra: Any):
         import torch
         from vllm.config import DeviceConfig, KVTransferConfig, VllmConfig
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -440,6 +441,8 @@ class VllmEngine:
         object.__setattr__(cfg, "model_config", NoModelConfig())
         cfg.cache_config.block_size = VLLM_BLOCK
         cfg.cache_config.num_gpu_blocks = VLLM_NUM_BLOCKS
+        if prefix_match_unit is not None:
+            cfg.cache_config.prefix_match_unit = prefix_match_unit
         spec = FullAttentionSpec(block_size=VLLM_BLOCK, num_kv_heads=VLLM_HEADS, head_size=VLLM_HEAD,
                                  dtype=torch.bfloat16)
         # groups > 1: the hybrid (HMA) case, one group per layer

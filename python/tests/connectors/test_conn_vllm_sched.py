@@ -116,3 +116,17 @@ def test_oversized_block_object_refuses_at_start(small_server, tenant):
     # server accepts 300
     with pytest.raises(ValueError, match=r"accept at most 300 bytes; start dfkv_server with --max-msg 512"):
         VllmEngine(f"n1={small_server}", tenant)
+
+
+def test_prefix_match_unit_never_pairs_wrong_blocks(members, tenant):
+    """Two KV cache groups with prefix_match_unit 2: vLLM hashes 2-token units while a paged
+    block holds 4 tokens. Keyed per block, hashes would pair with the wrong blocks: the
+    connector must turn itself off (no hits, no saves) rather than load wrong bytes."""
+    w = VllmEngine(members, tenant, groups=2, prefix_match_unit=2)
+    assert not w.sched.connector.enabled and not w.worker.enabled
+    w.add(vllm_request("writer", PROMPT))
+    w.run(["writer"])
+    r = VllmEngine(members, tenant, groups=2)
+    r.add(vllm_request("reader", PROMPT))
+    r.run(["reader"])
+    assert r.computed_by_forward["reader"] == len(PROMPT)  # nothing was saved to hit
