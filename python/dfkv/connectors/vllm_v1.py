@@ -431,7 +431,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                 t = kv_caches.get(name)
                 if t is None:
                     continue  # another PP stage's layer
-                bdim = self._block_dim(t)
+                t, bdim = self._as_blocks(name, t)
                 lb = t.numel() // t.shape[bdim] * t.element_size()
                 group.append((name, t, bdim, lb))
             layers.append(group)
@@ -449,14 +449,32 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                           f"dfkv vLLM connector: one KV block object ({self.block_size} tokens x "
                           "every layer of a KV cache group on this rank)", "use a smaller --block-size")
 
-    def _block_dim(self, t: torch.Tensor) -> int:
+    def _as_blocks(self, name: str, t: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        """A view of a layer's KV tensor with one dimension of ``num_blocks`` blocks, and that
+        dimension. Accepted: (2, num_blocks, ...) (K/V first); any layout with a dimension of
+        num_blocks; vLLM 0.33's [B, H, N, C] views where B = num_blocks x kernel split (a
+        block's kernel blocks are consecutive rows) and raw byte buffers of num_blocks pages,
+        both when contiguous. Anything else refuses at start, naming the layout."""
         nb = self.num_blocks
-        if t.dim() >= 2 and t.shape[0] == 2 and t.shape[1] == nb:
-            return 1  # (2, num_blocks, ...): K/V split first
-        for d, s in enumerate(t.shape):
-            if s == nb:
-                return d
-        raise ValueError(f"cannot find the block dimension ({nb} blocks) in a KV tensor of shape {tuple(t.shape)}")
+        shape = tuple(t.shape)
+        if nb > 0:
+            if t.dim() >= 2 and shape[0] == 2 and shape[1] == nb:
+                return t, 1  # (2, num_blocks, ...): K/V split first
+            if shape[0] == nb:
+                return t, 0
+            if t.dim() == 1 and t.numel() % nb == 0 and t.is_contiguous():
+                return t.view(nb, t.numel() // nb), 0  # raw buffer: num_blocks pages of bytes
+            if t.dim() >= 2 and shape[0] % nb == 0 and t.is_contiguous():
+                return t.view((nb, shape[0] // nb) + shape[1:]), 0  # [B,H,N,C], B = nb x split
+            for d, s in enumerate(shape):
+                if s == nb:
+                    return t, d
+        raise ValueError(
+            f"dfkv vLLM connector: layer {name}: KV tensor of shape {shape}, dtype {t.dtype}, "
+            f"stride {tuple(t.stride())} has no dimension of num_blocks={nb} blocks, no contiguous "
+            "leading dimension that is a multiple of it ([B,H,N,C] with B = num_blocks x kernel "
+            "split), and is not a contiguous raw buffer of num_blocks pages; this layout is not "
+            "supported")
 
     def _host_buf(self, which: str) -> torch.Tensor:
         """A host buffer of ``staging_blocks`` rows of the largest object, allocated once

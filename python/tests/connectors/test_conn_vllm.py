@@ -174,3 +174,51 @@ def test_dead_node_is_misses_fast(tenant):
     assert worker.loaded_last == {"r": 0}
     assert all((t == 1).all() for t in caches.values())
     assert time.monotonic() - t0 < 30
+
+
+def _kernel_split_caches():
+    # vLLM 0.33 [B, H, N, C] views with a kernel split of 2: B = num_blocks x 2 kernel blocks
+    # of VLLM_BLOCK/2 tokens, a block's kernel blocks in consecutive rows
+    from engine_support import VLLM_HEAD, VLLM_HEADS, VLLM_LAYERS, VLLM_NUM_BLOCKS
+
+    return {n: torch.zeros(VLLM_NUM_BLOCKS * 2, 2 * VLLM_HEADS, VLLM_BLOCK // 2, VLLM_HEAD, dtype=torch.bfloat16)
+            for n in VLLM_LAYERS}
+
+
+def test_kernel_split_views_and_raw_buffers_round_trip(members, tenant):
+    from engine_support import VLLM_LAYERS, VLLM_NUM_BLOCKS
+
+    for make in (_kernel_split_caches,
+                 lambda: {n: torch.zeros(VLLM_NUM_BLOCKS * 512, dtype=torch.uint8) for n in VLLM_LAYERS}):
+        t = "t-" + uuid.uuid4().hex[:12]
+        sched, worker, _ = vllm_connectors(members, t)
+        caches = make()
+        worker.register_kv_caches(caches)
+        g = torch.Generator().manual_seed(9)
+        for c in caches.values():
+            c.copy_(torch.randint(0, 255, c.shape, generator=g).to(c.dtype))
+        req = vllm_request("w", PROMPT)
+        vllm_match(sched, req, 0)
+        sched.update_state_after_alloc(req, vllm_blocks([3, 4, 5, 6]), 0)
+        vllm_step(sched, worker, [req], {"w": [3, 4, 5, 6]})
+        rs, rw, _ = vllm_connectors(members, t)
+        back = make()
+        rw.register_kv_caches(back)
+        req = vllm_request("r", PROMPT)
+        n, _ = vllm_match(rs, req, 0)
+        assert n == 3 * VLLM_BLOCK
+        rs.update_state_after_alloc(req, vllm_blocks([9, 10, 11, 12]), n)
+        req.num_computed_tokens = n
+        vllm_step(rs, rw, [req], {"r": [9, 10, 11, 12]})
+        assert rw.loaded_last == {"r": 3}
+        for name in caches:
+            a = caches[name].view(VLLM_NUM_BLOCKS, -1)
+            b = back[name].view(VLLM_NUM_BLOCKS, -1)
+            assert torch.equal(a[3:6], b[9:12])  # block by block, every kernel block
+            assert not b[12].any()
+
+
+def test_unknown_layout_refuses_at_start(members, tenant):
+    _, worker, _ = vllm_connectors(members, tenant)
+    with pytest.raises(ValueError, match=r"layer .*shape \(7, 5\).*not supported"):
+        worker.register_kv_caches({"model.layers.0.self_attn.attn": torch.zeros(7, 5)})
