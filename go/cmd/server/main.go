@@ -23,6 +23,7 @@ import (
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
 	"github.com/dfkv/dfkv/go/internal/metrics"
 	"github.com/dfkv/dfkv/go/internal/server"
+	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
 	"github.com/dfkv/dfkv/go/internal/wire"
@@ -38,6 +39,7 @@ type options struct {
 	capacity, maxMsg, extent               cli.Size
 	firstReqMS, ioTimeoutMS, idleMS        int
 	showVersion                            bool
+	leaseShare                             float64
 	tier                                   tierOptions
 	mds                                    mdsFlags
 }
@@ -63,6 +65,7 @@ func parse(args []string) (*options, error) {
 	fs.Var(&o.extent, "extent-size", "slab extent file size (default 256MiB, smaller when the capacity needs it)")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "HTTP port for /metrics, /healthz, /readyz (0 = off)")
 	fs.Var(&o.maxMsg, "max-msg", "largest value accepted (bytes)")
+	fs.Float64Var(&o.leaseShare, "lease-share", store.DefaultLeaseShare, "share of --cap that leased lookups (BATCH_EXIST_LEASE) may protect from eviction at once; past it lookups answer without a lease (negative: no leases)")
 	fs.IntVar(&o.maxConns, "max-conns", 4096, "open data connections allowed")
 	fs.IntVar(&o.firstReqMS, "first-req-ms", 30000, "a new connection must send its first request within this")
 	fs.IntVar(&o.ioTimeoutMS, "io-timeout-ms", 30000, "deadline for each payload read and reply write")
@@ -112,7 +115,7 @@ func serve(o *options, log *slog.Logger) error {
 		}
 	}
 	engine, err := openEngine(engineConfig{
-		kind: o.engine, dirs: dirs, capacity: int64(o.capacity), maxValue: int64(o.maxMsg), extent: int64(o.extent), log: log,
+		kind: o.engine, dirs: dirs, capacity: int64(o.capacity), maxValue: int64(o.maxMsg), extent: int64(o.extent), leaseShare: o.leaseShare, log: log,
 	})
 	if err != nil {
 		return err
