@@ -1,16 +1,18 @@
 """LMCache remote storage plugin over dfkv.
 
-Two ways to load it (LMCache config file or ``LMCACHE_*`` environment)::
+Load it as a remote storage plugin (LMCache config file or ``LMCACHE_*`` environment)::
 
-    # 1. remote storage plugin (preferred)
     remote_storage_plugins: ["dfkv"]
     extra_config:
       remote_storage_plugin.dfkv.module_path: dfkv.connectors.lmcache_remote
       remote_storage_plugin.dfkv.class_name: DfkvConnectorAdapter
       remote_storage_plugin.dfkv.members: "n1=10.0.0.10:12000,n2=10.0.0.11:12000"
 
-    # 2. legacy remote_url, once the adapter is registered as a plugin as above
-    remote_url: "dfkv://n1@10.0.0.10:12000,n2@10.0.0.11:12000"
+    # or the nodes as one URL, still through the plugin (one backend):
+      remote_storage_plugin.dfkv.url: "dfkv://n1@10.0.0.10:12000,n2@10.0.0.11:12000"
+
+Do not also set ``remote_url``: LMCache builds one RemoteBackend per plugin *and* one for
+``remote_url``, so the same chunks would be written twice.
 
 LMCache's ``ConnectorManager`` imports the module named by
 ``remote_storage_plugin.<name>.module_path``, instantiates ``DfkvConnectorAdapter()`` and asks
@@ -124,6 +126,9 @@ class DfkvRemoteConnector(RemoteConnector):
         self.plugin_name = plugin_name or PLUGIN
 
         extra = dict(getattr(config, "extra_config", None) or {})
+        if not (url or "").startswith("dfkv://"):
+            # The plugin route (one backend) takes the dfkv:// string from its own key.
+            url = extra.get(f"remote_storage_plugin.{self.plugin_name}.url") or url
         for k, v in parse_dfkv_url(url or "").items():
             extra.setdefault(k, v)
         prefixes = (f"remote_storage_plugin.{self.plugin_name}.", f"remote_storage_plugin.{PLUGIN}.",

@@ -220,7 +220,7 @@ def page_keys(tag: str, n: int) -> list:
 
 
 def lmcache_parts(members: str, tenant: str, *, chunk: int = 16, layers: int = 2, heads: int = 2,
-                  head_dim: int = 8, url: Optional[str] = None):
+                  head_dim: int = 8, url: Optional[str] = None, plugin_url: Optional[str] = None):
     """(config, metadata, local_cpu_backend) as LMCache builds them for a worker, with the dfkv
     adapter registered through remote_storage_plugins + extra_config (LMCache's own keys)."""
     import torch
@@ -235,6 +235,8 @@ def lmcache_parts(members: str, tenant: str, *, chunk: int = 16, layers: int = 2
         "remote_storage_plugin.dfkv.tenant": tenant,
         "save_chunk_meta": False,
     }
+    if plugin_url is not None:
+        extra["remote_storage_plugin.dfkv.url"] = plugin_url
     kwargs = dict(chunk_size=chunk, local_cpu=True, max_local_cpu_size=0.05,
                   remote_storage_plugins=["dfkv"], extra_config=extra, save_unfull_chunk=True)
     if url is not None:

@@ -199,6 +199,22 @@ def test_dfkv_url_form(members, tenant):
         "members": "a=h1:1,h2:2=h2:2", "mds_endpoints": "m:9", "mds_group": "g"}
 
 
+def test_dfkv_url_through_the_plugin_alone(members, tenant):
+    """The nodes as one dfkv:// string in the plugin's own key: one RemoteBackend (no
+    remote_url, which would make LMCache build a second one writing the same chunks)."""
+    host = members.split("=", 1)[1]
+
+    async def go(loop):
+        conn, backend = lmcache_connector(loop, "", tenant, plugin_url=f"dfkv://n1@{host}")
+        obj = _filled(backend, conn, 10)
+        await conn.put(lmcache_key(78), obj)
+        got = await conn.get(lmcache_key(78))
+        assert got is not None and bytes(got.byte_array) == bytes(obj.byte_array)
+        await conn.close()
+
+    _run(go)
+
+
 def test_dead_node_is_misses_fast(tenant):
     import socket
 
