@@ -227,17 +227,15 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
 
     @staticmethod
     def _ranks(extra: Dict[str, Any]) -> Tuple[int, int]:
-        tp = extra.get("tp_rank")
-        pp = extra.get("pp_rank")
-        if tp is None or pp is None:
-            try:
-                from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+        """This worker's tp/pp ranks from vLLM's process groups. ``tp_rank``/``pp_rank`` in the
+        extra config count only where the groups do not exist (the scheduler process, or a
+        test without torch.distributed); they never override a real group."""
+        try:
+            from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
-                tp = get_tp_group().rank_in_group if tp is None else tp
-                pp = get_pp_group().rank_in_group if pp is None else pp
-            except Exception:  # groups not initialised (scheduler process, tests)
-                pass
-        return int(tp or 0), int(pp or 0)
+            return int(get_tp_group().rank_in_group), int(get_pp_group().rank_in_group)
+        except Exception:  # groups not initialised
+            return int(extra.get("tp_rank") or 0), int(extra.get("pp_rank") or 0)
 
     def _key(self, h: bytes, group: int, tp_rank: int, pp_rank: int) -> bytes:
         return identity.encode_object_key(
