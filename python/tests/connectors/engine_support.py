@@ -425,7 +425,7 @@ class VllmEngine:
     computed block's pattern, save, transfer results) -> update_from_output."""
 
     def __init__(self, members: str, tenant: str, groups: int = 1, policy: Optional[str] = None,
-                 prefix_match_unit: Optional[int] = None, **extra: Any):
+                 prefix_match_unit: Optional[int] = None, kv_role: str = "kv_both", **extra: Any):
         import torch
         from vllm.config import DeviceConfig, KVTransferConfig, VllmConfig
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -436,7 +436,7 @@ class VllmEngine:
 
         kw = {} if policy is None else {"kv_load_failure_policy": policy}
         ktc = KVTransferConfig(kv_connector="DfkvConnector", kv_connector_module_path="dfkv.connectors.vllm_v1",
-                               kv_role="kv_both", **kw,
+                               kv_role=kv_role, **kw,
                                kv_connector_extra_config={"members": members, "tenant": tenant,
                                                           "model": "dfkv-test/tiny-model", **extra})
         cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), kv_transfer_config=ktc)

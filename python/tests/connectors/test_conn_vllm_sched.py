@@ -130,3 +130,23 @@ def test_prefix_match_unit_never_pairs_wrong_blocks(members, tenant):
     r.add(vllm_request("reader", PROMPT))
     r.run(["reader"])
     assert r.computed_by_forward["reader"] == len(PROMPT)  # nothing was saved to hit
+
+
+def test_kv_role_consumer_never_saves_producer_never_looks_up(members, tenant):
+    c = VllmEngine(members, tenant, kv_role="kv_consumer", use_mla="false")
+    assert c.worker.use_mla is False  # a boolean string is a boolean
+    c.add(vllm_request("consumer", PROMPT))
+    c.run(["consumer"])
+    r = VllmEngine(members, tenant)
+    r.add(vllm_request("reader", PROMPT))
+    r.run(["reader"])
+    assert r.computed_by_forward["reader"] == len(PROMPT)  # the consumer stored nothing
+    # (that kv_both reader stored the blocks, so they are there now)
+    p = VllmEngine(members, tenant, kv_role="kv_producer")
+    p.add(vllm_request("producer", PROMPT))
+    p.run(["producer"])
+    assert p.computed_by_forward["producer"] == len(PROMPT)  # a producer never loads
+    r = VllmEngine(members, tenant)
+    r.add(vllm_request("reader2", PROMPT))
+    r.run(["reader2"])
+    assert r.first_forward["reader2"] == (3 * VLLM_BLOCK, True)
