@@ -551,6 +551,10 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             for (_, _, _, bi), hit in zip(chunk, hits):
                 if not hit:
                     ok[bi] = False
+        if torch.cuda.is_available() and any(t.is_cuda for g in self._layers for _, t, _, _ in g):
+            # The scatter kernels run on this thread's stream: the request is reported done
+            # (and its blocks read by a forward) only once they finished.
+            torch.cuda.current_stream().synchronize()
         return leading_hits(ok)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
