@@ -21,6 +21,9 @@ type Item struct {
 	Segs  [][]byte
 	N     int64
 	Err   error
+	// Leased (BatchExistLease): the hit is protected from eviction until it is read or
+	// the lease ends. A hit past the server's lease budget has Err nil and Leased false.
+	Leased bool
 
 	id identity.ObjectID
 }
@@ -72,6 +75,18 @@ func (c *Client) BatchExist(items []Item) error {
 	return c.batch(fb.OpBatchExist, items, 0, opBatchExist)
 }
 
+// BatchExistLease is BatchExist that also leases every hit on its server for lease (0 =
+// the server's default, 10 s; at most 60 s): the value is protected from capacity eviction
+// until it is read or the lease expires, so that a lookup's answer still holds when the
+// read it announces arrives. Leases are bounded on the server; past the bound a hit comes
+// back without one (Leased false).
+func (c *Client) BatchExistLease(items []Item, lease time.Duration) error {
+	if lease < 0 {
+		return fmt.Errorf("dfkv: lease %v: %w", lease, ErrInvalid)
+	}
+	return c.batchArg(fb.OpBatchExistLease, items, 0, opBatchExist, uint64(lease/time.Millisecond))
+}
+
 // BatchRemove removes every item.
 func (c *Client) BatchRemove(items []Item) error {
 	return c.batch(fb.OpBatchRemove, items, 0, opBatchRemove)
@@ -87,6 +102,12 @@ type chunk struct {
 const maxChunkBytes = 64 << 20
 
 func (c *Client) batch(op fb.Op, items []Item, flags uint8, kind opKind) error {
+	return c.batchArg(op, items, flags, kind, 0)
+}
+
+// batchArg runs a batch whose request header carries arg in its length field (the lease
+// of BatchExistLease).
+func (c *Client) batchArg(op fb.Op, items []Item, flags uint8, kind opKind, arg uint64) error {
 	start := time.Now()
 	if c.closed.Load() {
 		return ErrClosed
@@ -96,7 +117,7 @@ func (c *Client) batch(op fb.Op, items []Item, flags uint8, kind opKind) error {
 	var order []*peer
 	for i := range items {
 		it := &items[i]
-		it.Err, it.N = ErrUnavailable, 0
+		it.Err, it.N, it.Leased = ErrUnavailable, 0, false
 		if err := c.checkItem(op, it); err != nil {
 			it.Err = err
 			continue
@@ -126,11 +147,11 @@ func (c *Client) batch(op fb.Op, items []Item, flags uint8, kind opKind) error {
 		wg.Add(1)
 		go func(ch chunk) {
 			defer func() { <-fanout; wg.Done() }()
-			c.runChunk(op, flags, ch)
+			c.runChunk(op, flags, arg, ch)
 		}(chunks[i])
 	}
 	if len(chunks) > 0 {
-		c.runChunk(op, flags, chunks[0])
+		c.runChunk(op, flags, arg, chunks[0])
 	}
 	wg.Wait()
 	var moved int64
@@ -184,29 +205,30 @@ func appendChunks(out []chunk, p *peer, items []*Item, op fb.Op, o Options) []ch
 	return out
 }
 
-func (c *Client) runChunk(op fb.Op, flags uint8, ch chunk) {
+func (c *Client) runChunk(op fb.Op, flags uint8, arg uint64, ch chunk) {
 	status := make([]error, len(ch.items))
 	lens := make([]int64, len(ch.items))
+	leased := make([]bool, len(ch.items))
 	err := c.exec(ch.p, func(pc *pconn) error {
-		return c.chunkOnce(pc, op, flags, ch.items, status, lens)
+		return c.chunkOnce(pc, op, flags, arg, ch.items, status, lens, leased)
 	})
 	for i, it := range ch.items {
 		if err != nil {
 			it.Err = err
 			continue
 		}
-		it.Err, it.N = status[i], lens[i]
+		it.Err, it.N, it.Leased = status[i], lens[i], leased[i]
 	}
 }
 
 // chunkOnce sends one batch frame and reads its per-item replies.
-func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, items []*Item, status []error, lens []int64) error {
+func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, arg uint64, items []*Item, status []error, lens []int64, leased []bool) error {
 	need := len(items) * wire.BatchItemSize
 	if cap(pc.scratch) < need {
 		pc.scratch = make([]byte, need)
 	}
 	scratch := pc.scratch[:need]
-	req := wire.Request{Op: op, Count: uint32(len(items)), Tenant: c.tenant}
+	req := wire.Request{Op: op, Count: uint32(len(items)), Tenant: c.tenant, Length: arg}
 	var payload [][]byte
 	for i, it := range items {
 		bi := wire.BatchItem{ID: it.id}
@@ -271,6 +293,9 @@ func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, items []*Item, stat
 			lens[i] = int64(r.PayloadLen)
 		case fb.OpBatchExist:
 			lens[i] = int64(r.ValueLen)
+		case fb.OpBatchExistLease:
+			lens[i] = int64(r.ValueLen)
+			leased[i] = r.Status == fb.StatusOk && r.Flags&wire.ResultLeased != 0
 		case fb.OpBatchPut:
 			if r.PayloadLen != 0 {
 				return fmt.Errorf("%w: payload in a batch put reply", ErrProtocol)
@@ -279,4 +304,28 @@ func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, items []*Item, stat
 		}
 	}
 	return nil
+}
+
+// MaxValue returns the largest value every current member accepts: the smaller of this
+// client's limit and each server's HELLO-advertised max value size, connecting to members
+// it has not talked to yet. Connectors check their object size against it at start so a
+// misfit refuses to start instead of failing every PUT.
+func (c *Client) MaxValue() (uint64, error) {
+	if c.closed.Load() {
+		return 0, ErrClosed
+	}
+	limit := c.opts.Limits.MaxValue
+	view := c.opts.Membership.View()
+	for _, m := range view.Members {
+		p := c.peerFor(m)
+		if p.limits.Load() == nil {
+			if err := c.exec(p, func(*pconn) error { return nil }); err != nil {
+				return 0, fmt.Errorf("dfkv: max value: member %s: %w", m.Addr, err)
+			}
+		}
+		if h := p.limits.Load(); h != nil && h.MaxValueBytes > 0 {
+			limit = min(limit, h.MaxValueBytes)
+		}
+	}
+	return limit, nil
 }

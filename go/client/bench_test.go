@@ -3,12 +3,15 @@ package client_test
 import (
 	"encoding/binary"
 	"io"
+	"log/slog"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/store/slab"
 )
 
 // BenchmarkGet4KiB and BenchmarkRawRoundTrip4KiB measure, side by side, one dfkv GET of a
@@ -101,3 +104,51 @@ func startOnB(b *testing.B) string {
 type tcpListener struct{ *net.TCPListener }
 
 func (l tcpListener) Accept() (net.Conn, error) { return l.TCPListener.Accept() }
+
+// BenchmarkLookup64 compares, side by side on one slab-engine server, a 64-key BatchExist
+// with a 64-key BatchExistLease (every key a hit, so every key is leased or re-leased):
+// their ratio is what a leased lookup costs over a plain one.
+func BenchmarkLookup64(b *testing.B) {
+	eng, err := slab.Open(slab.Config{Dir: b.TempDir(), CapacityBytes: 64 << 20, ExtentBytes: 8 << 20,
+		MaxValueBytes: 1 << 20, BufferPoolBytes: 8 << 20, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { eng.Close() })
+	srv, err := server.New(server.Config{Engine: eng})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go srv.Serve(tcpListener{ln.(*net.TCPListener)})
+	b.Cleanup(func() { ln.Close() })
+	ms, _ := client.NewStatic([]client.Member{{ID: "n", Addr: ln.Addr().String(), Weight: 1}})
+	c, _ := client.New(client.Options{Membership: ms})
+	b.Cleanup(func() { c.Close() })
+	items := make([]client.Item, 64)
+	for i := range items {
+		items[i].Key = []byte{byte(i), 'k'}
+		if err := c.Put(items[i].Key, make([]byte, 4096)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, bc := range []struct {
+		name string
+		call func() error
+	}{
+		{"exist", func() error { return c.BatchExist(items) }},
+		{"exist_lease", func() error { return c.BatchExistLease(items, 10*time.Second) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if err := bc.call(); err != nil || items[63].Err != nil {
+					b.Fatal(err, items[63].Err)
+				}
+			}
+		})
+	}
+}

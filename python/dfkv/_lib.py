@@ -117,6 +117,8 @@ _PROTOTYPES = {
     "dfkv_stats_snapshot": (c_uint64, [c_void_p, c_char_p, c_uint64]),
     "dfkv_version": (c_char_p, []),
     "dfkv_last_error": (c_char_p, [c_void_p]),
+    "dfkv_batch_exist_lease": (c_int, [c_void_p, _VP, _U64P, c_int, c_uint32, _IP]),
+    "dfkv_max_value_size": (c_uint64, [c_void_p]),
 }
 
 _lock = threading.Lock()
@@ -181,6 +183,14 @@ def load() -> ctypes.CDLL:
             f"cannot load {LIB_NAME}; set DFKV_LIB to its path, install a dfkv wheel that bundles "
             "it, or build it into <repo>/build. Tried:\n  " + "\n  ".join(tried)
         )
+
+
+def forked_after_load() -> Optional[int]:
+    """The pid that loaded the library when this process was forked from it afterwards (the
+    library, with its Go runtime, cannot be used here), else None."""
+    if _lib is not None and _lib_pid != os.getpid():
+        return _lib_pid
+    return None
 
 
 def is_loaded() -> bool:

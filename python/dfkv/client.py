@@ -527,6 +527,25 @@ class Client:
     def batch_exist(self, keys: Sequence[Any]) -> List[bool]:
         return self._batch_keys_only("dfkv_batch_exist", keys)
 
+    def batch_exist_lease(self, keys: Sequence[Any], lease_ms: int = 0) -> List[int]:
+        """Look keys up and lease the hits on their servers: per key 1 = hit and leased (safe
+        from eviction until it is read or ``lease_ms`` passes; 0 = the server's default,
+        10 s), 2 = hit without a lease (the server's lease budget is spent), 0 = miss."""
+        lease_ms = _int_opt("lease_ms", lease_ms, 0, 0xFFFFFFFF)
+        n = _pair(keys, keys, "keys")
+        if not n:
+            return []
+        out = (c_int * n)()
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kl = self._key_arrays(p, keys)
+                self._check_batch("dfkv_batch_exist_lease",
+                                  self._lib.dfkv_batch_exist_lease(h, ka, kl, n, lease_ms, out))
+        finally:
+            self._release()
+        return [int(v) for v in out]
+
     def batch_remove(self, keys: Sequence[Any]) -> List[bool]:
         return self._batch_keys_only("dfkv_batch_remove", keys)
 
@@ -608,6 +627,16 @@ class Client:
         h = self._acquire()
         try:
             return int(self._lib.dfkv_max_sg_segs(h))
+        finally:
+            self._release()
+
+    @property
+    def max_value_size(self) -> int:
+        """Largest value every current member accepts (the servers advertise theirs in HELLO);
+        0 when no member answers."""
+        h = self._acquire()
+        try:
+            return int(self._lib.dfkv_max_value_size(h))
         finally:
             self._release()
 

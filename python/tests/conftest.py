@@ -56,17 +56,28 @@ def lib():
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """Address "host:port" of a dfkv_server running for the whole session."""
+    yield from _run_server(tmp_path_factory, "dfkv_server")
+
+
+@pytest.fixture(scope="session")
+def small_server(tmp_path_factory):
+    """A dfkv_server that accepts values of at most 300 bytes (--max-msg 300), for the
+    object-size checks."""
+    yield from _run_server(tmp_path_factory, "dfkv_server_small", "--max-msg", "300")
+
+
+def _run_server(tmp_path_factory, name, *extra):
     why = missing_build()
     if why:
         pytest.skip(why)
-    tmp = tmp_path_factory.mktemp("dfkv_server")
+    tmp = tmp_path_factory.mktemp(name)
     addr_file = tmp / "addr"
     log = open(tmp / "server.log", "wb")
     proc = subprocess.Popen(
         [str(SERVER_BIN), "--host", "127.0.0.1", "--port", "0", "--addr-file", str(addr_file),
          # --max-msg explicit: without it a 256 MiB cache takes values up to 4 MiB only
          # (dfkv_server sizes the default to its capacity) and the connector tests move more.
-         "--dir", str(tmp / "data"), "--cap", str(256 << 20), "--max-msg", str(64 << 20)],
+         "--dir", str(tmp / "data"), "--cap", str(256 << 20), "--max-msg", str(64 << 20), *extra],
         stdout=log, stderr=subprocess.STDOUT,
     )
     try:

@@ -449,3 +449,17 @@ def test_dead_node_is_a_fast_miss(lib, namespace):
         assert c.exist(b"k") is False
         assert c.batch_exist([b"a", b"b"]) == [False, False]
         assert time.monotonic() - t0 < 10
+
+
+def test_batch_exist_lease_and_max_value_size(client):
+    keys = [b"lease-a", b"lease-b", b"lease-missing"]
+    assert client.batch_put(keys[:2], [payload(4096, 1), payload(4096, 2)]) == [True, True]
+    # the session server is a slab engine: hits are leased (1), the miss is 0
+    assert client.batch_exist_lease(keys, 2000) == [1, 1, 0]
+    assert client.batch_exist_lease([], 0) == []
+    with pytest.raises(DfkvError):
+        client.batch_exist_lease(keys, -1)
+    # the read consumes the lease; the value is still there
+    assert client.get(keys[0], 4096) == payload(4096, 1)
+    # the server's default --max-msg is 64 MiB, advertised in HELLO
+    assert client.max_value_size == 64 << 20

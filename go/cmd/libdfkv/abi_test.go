@@ -36,7 +36,7 @@ func TestCProgram(t *testing.T) {
 
 	addrFile := filepath.Join(dir, "addr")
 	srv := exec.Command(filepath.Join(dir, "dfkv_server"), "--host", "127.0.0.1", "--port", "0", "--addr-file", addrFile,
-		"--dir", filepath.Join(dir, "data"), "--cap", "256MiB", "--log-level", "warn")
+		"--dir", filepath.Join(dir, "data"), "--cap", "256MiB", "--max-msg", "32MiB", "--log-level", "warn")
 	srv.Stderr = os.Stderr
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)

@@ -113,6 +113,17 @@ const char* dfkv_version(void);
  * until this thread's next failing call. A batch call that ran (0) but had failed items keeps
  * the first failed item's reason. Added in 0.2 (ABI v2 unchanged: a new symbol only). */
 const char* dfkv_last_error(dfkv_client_t c);
+/* Leased lookup (an addition: ABI v2 unchanged). out_ok[i]: 1 = hit and leased: the value
+ * is protected from capacity eviction until it is read or lease_ms passes (0 = the server's
+ * default, 10 s; at most 60 s); 2 = hit without a lease (the server's lease budget, a capped
+ * share of its capacity, is spent); 0 = miss or failure. Returns 0, or -1 when the
+ * arguments are unusable. */
+int dfkv_batch_exist_lease(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                           int n, uint32_t lease_ms, int* out_ok);
+/* Largest value (bytes) every current member accepts: the smaller of the client's limit and
+ * each server's HELLO-advertised max value size. Connects to members not yet reached; 0 when
+ * none answers or c is NULL/closed. */
+uint64_t dfkv_max_value_size(dfkv_client_t c);
 
 #ifdef __cplusplus
 }

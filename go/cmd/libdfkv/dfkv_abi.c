@@ -136,3 +136,9 @@ uint64_t dfkv_stats_snapshot(dfkv_client_t c, char* buf, uint64_t cap) {
   return dfkvgo_stats_snapshot(H(c), buf, cap);
 }
 const char* dfkv_version(void) { return dfkvgo_version(); }
+
+int dfkv_batch_exist_lease(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
+                           int n, uint32_t lease_ms, int* out_ok) {
+  return dfkvgo_batch_exist_lease(H(c), (void**)keys, (uint64_t*)key_lens, n, lease_ms, out_ok);
+}
+uint64_t dfkv_max_value_size(dfkv_client_t c) { return dfkvgo_max_value_size(H(c)); }

@@ -448,3 +448,18 @@ func dfkvgo_stats_snapshot(c C.uintptr_t, buf *C.char, capacity C.uint64_t) C.ui
 
 //export dfkvgo_version
 func dfkvgo_version() *C.char { return cVersion }
+
+//export dfkvgo_batch_exist_lease
+func dfkvgo_batch_exist_lease(c C.uintptr_t, keys *unsafe.Pointer, keyLens *C.uint64_t, n C.int, leaseMS C.uint32_t, outOK *C.int) C.int {
+	return batch(c, n, outOK, nil, false, keys, keyLens, func(h *cabi.Handle, ks [][]byte, ok []int32, _ []uint64) (int, error) {
+		return h.BatchExistLease(ks, uint32(leaseMS), ok)
+	})
+}
+
+//export dfkvgo_max_value_size
+func dfkvgo_max_value_size(c C.uintptr_t) C.uint64_t {
+	return call(c, 0, func(h *cabi.Handle) (C.uint64_t, error) {
+		n, err := h.MaxValue()
+		return C.uint64_t(n), err
+	})
+}

@@ -18,7 +18,9 @@ type engineConfig struct {
 	capacity int64
 	maxValue int64
 	extent   int64
-	log      *slog.Logger
+	// leaseShare is slab.Config.LeaseShare (0 = the default).
+	leaseShare float64
+	log        *slog.Logger
 }
 
 // Extent sizing when --extent-size is not given. An extent serves one size class at a time,
@@ -121,7 +123,7 @@ func openEngine(c engineConfig) (store.Engine, error) {
 		}
 		return group.OpenDirs(group.Options{
 			Engine: c.kind, Dirs: c.dirs, CapacityBytes: c.capacity, Logger: c.log,
-			Slab: slab.Config{ExtentBytes: extent, MaxValueBytes: maxValue},
+			Slab: slab.Config{ExtentBytes: extent, MaxValueBytes: maxValue, LeaseShare: c.leaseShare},
 			File: file.Config{MaxValueBytes: c.maxValue},
 		})
 	default:

@@ -22,6 +22,7 @@ import (
 	"github.com/dfkv/dfkv/go/internal/metrics"
 	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/server"
+	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
 	"github.com/dfkv/dfkv/go/internal/wire"
@@ -40,6 +41,7 @@ type options struct {
 	firstReqMS, ioTimeoutMS, idleMS        int
 	showVersion                            bool
 	maxMsgAuto                             bool // --max-msg not given: derived from the capacity
+	leaseShare                             float64
 	tier                                   tierOptions
 	mds                                    mdsFlags
 	sec                                    cli.Security
@@ -56,6 +58,7 @@ func parse(args []string) (*options, error) {
 	fs.Var(&o.extent, "extent-size", "slab extent file size (default 256MiB, smaller when the capacity needs it)")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "HTTP port for /metrics, /healthz, /readyz (0 = off)")
 	fs.Var(&o.maxMsg, "max-msg", "largest value accepted (bytes; default 64MiB, or less for a slab cache too small to give every size class two extents)")
+	fs.Float64Var(&o.leaseShare, "lease-share", store.DefaultLeaseShare, "share of --cap that leased lookups (BATCH_EXIST_LEASE) may protect from eviction at once; past it lookups answer without a lease (negative: no leases)")
 	fs.IntVar(&o.maxConns, "max-conns", 4096, "open data connections allowed")
 	fs.IntVar(&o.firstReqMS, "first-req-ms", 30000, "a new connection must send its first request within this")
 	fs.IntVar(&o.ioTimeoutMS, "io-timeout-ms", 30000, "deadline for each payload read and reply write")
@@ -118,7 +121,7 @@ func serve(o *options, log *slog.Logger) error {
 			"max_msg", int64(o.maxMsg), "cap", int64(o.capacity))
 	}
 	engine, err := openEngine(engineConfig{
-		kind: o.engine, dirs: dirs, capacity: int64(o.capacity), maxValue: int64(o.maxMsg), extent: int64(o.extent), log: log,
+		kind: o.engine, dirs: dirs, capacity: int64(o.capacity), maxValue: int64(o.maxMsg), extent: int64(o.extent), leaseShare: o.leaseShare, log: log,
 	})
 	if err != nil {
 		return err

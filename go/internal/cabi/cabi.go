@@ -432,3 +432,43 @@ func securityEnv() (*tls.Config, string, error) {
 	}
 	return cfg, tok, nil
 }
+
+// BatchExistLease looks keys up and leases the hits: outOK[i] = 1 hit and leased, 2 hit
+// without a lease (the server's lease budget is spent), 0 miss or failure.
+func (h *Handle) BatchExistLease(keys [][]byte, leaseMS uint32, outOK []int32) (int, error) {
+	clear(outOK)
+	if len(outOK) != len(keys) {
+		return -1, errArgs
+	}
+	items := make([]client.Item, len(keys))
+	for i := range items {
+		items[i].Key = keys[i]
+	}
+	if err := h.c.BatchExistLease(items, time.Duration(leaseMS)*time.Millisecond); err != nil {
+		return -1, err
+	}
+	var first error
+	for i := range items {
+		switch {
+		case items[i].Err != nil:
+			if first == nil {
+				first = fmt.Errorf("item %d: %w", i, items[i].Err)
+			}
+		case items[i].Leased:
+			outOK[i] = 1
+		default:
+			outOK[i] = 2
+		}
+	}
+	return 0, first
+}
+
+// MaxValue is the largest value every current member accepts; 0 when unknown (no member
+// reachable).
+func (h *Handle) MaxValue() (uint64, error) {
+	n, err := h.c.MaxValue()
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}

@@ -196,7 +196,7 @@ func (c *conn) permitted(r *wire.Request) bool {
 	switch r.Op {
 	case fb.OpPing, fb.OpHello:
 		return true
-	case fb.OpGet, fb.OpExist, fb.OpSgGet, fb.OpBatchGet, fb.OpBatchExist:
+	case fb.OpGet, fb.OpExist, fb.OpSgGet, fb.OpBatchGet, fb.OpBatchExist, fb.OpBatchExistLease:
 		need = secure.RightRead
 	case fb.OpPut, fb.OpSgPut, fb.OpBatchPut:
 		need = secure.RightWrite
@@ -240,7 +240,7 @@ func (c *conn) dispatch(r *wire.Request) error {
 		return c.sg(r, key)
 	case fb.OpBatchPut:
 		return c.batchPut(r)
-	case fb.OpBatchGet, fb.OpBatchExist, fb.OpBatchRemove:
+	case fb.OpBatchGet, fb.OpBatchExist, fb.OpBatchRemove, fb.OpBatchExistLease:
 		return c.batchRead(r)
 	default:
 		// Limits.Check refuses unknown ops; reaching here is a bug, not input.
@@ -437,6 +437,7 @@ func (c *conn) batchRead(r *wire.Request) error {
 		return err
 	}
 	e := c.s.cfg.Engine
+	ttl := leaseTTL(r.Length)
 	c.appendResponse(&wire.Response{Op: r.Op, Status: fb.StatusOk, Count: r.Count})
 	for i := 0; i < int(r.Count); i++ {
 		it, derr := wire.DecodeBatchItem(c.items[i*wire.BatchItemSize:])
@@ -452,6 +453,15 @@ func (c *conn) batchRead(r *wire.Request) error {
 			st := statusOf(err)
 			c.s.m.request(r.Op, st)
 			c.appendResult(&wire.BatchResult{Status: st, ValueLen: uint64(max(n, 0))})
+		case fb.OpBatchExistLease:
+			n, leased, err := store.Lease(e, key, ttl)
+			st := statusOf(err)
+			c.s.m.request(r.Op, st)
+			res := wire.BatchResult{Status: st, ValueLen: uint64(max(n, 0))}
+			if leased && st == fb.StatusOk {
+				res.Flags = wire.ResultLeased
+			}
+			c.appendResult(&res)
 		case fb.OpBatchRemove:
 			st := statusOf(e.Remove(key))
 			c.s.m.request(r.Op, st)
@@ -487,6 +497,14 @@ func (c *conn) batchRead(r *wire.Request) error {
 		}
 	}
 	return nil
+}
+
+// leaseTTL turns a BatchExistLease's requested milliseconds into a lease duration.
+func leaseTTL(ms uint64) time.Duration {
+	if ms == 0 {
+		ms = wire.DefaultLeaseMS
+	}
+	return time.Duration(min(ms, wire.MaxLeaseMS)) * time.Millisecond
 }
 
 func (c *conn) hello(r *wire.Request) error {
@@ -536,6 +554,11 @@ func (c *conn) stats(r *wire.Request) error {
 		"store_evicted_bytes": float64(st.EvictedBytes), "store_corrupt_reads": float64(st.CorruptReads),
 		"store_read_bytes": float64(st.ReadBytes), "store_write_bytes": float64(st.WriteBytes),
 		"store_io_errors": float64(st.IOErrors), "server_connections": float64(c.s.Conns()),
+	}
+	if l, ok := store.Find[store.Leaser](c.s.cfg.Engine); ok {
+		ls := l.LeaseStats()
+		m["lease_active_bytes"], m["lease_limit_bytes"] = float64(ls.ActiveBytes), float64(ls.LimitBytes)
+		m["lease_granted"], m["lease_refused"] = float64(ls.Granted), float64(ls.Refused)
 	}
 	if st.Healthy {
 		m["store_healthy"] = 1

@@ -51,6 +51,9 @@ func NewMetrics(reg prometheus.Registerer, engine store.Engine) *Metrics {
 		if c, ok := store.Find[store.Coalescer](engine); ok && c.Coalescing() {
 			reg.MustRegister(newCoalesceCollector(c))
 		}
+		if l, ok := store.Find[store.Leaser](engine); ok {
+			reg.MustRegister(newLeaseCollector(l))
+		}
 		if q, ok := store.Find[store.QuotaReporter](engine); ok {
 			reg.MustRegister(newQuotaCollector(q))
 		}

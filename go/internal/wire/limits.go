@@ -107,7 +107,7 @@ func (l Limits) Check(r *Request) error {
 		if r.PayloadLen < uint64(r.Count)*(BatchItemSize+1) {
 			return bad(ErrMalformed, "batch put payload %d too short for %d items", r.PayloadLen, r.Count)
 		}
-	case fb.OpBatchGet, fb.OpBatchExist, fb.OpBatchRemove:
+	case fb.OpBatchGet, fb.OpBatchExist, fb.OpBatchRemove, fb.OpBatchExistLease:
 		if r.Count == 0 || r.Count > l.MaxBatchItems {
 			return bad(ErrLimit, "batch items %d not in 1..%d", r.Count, l.MaxBatchItems)
 		}

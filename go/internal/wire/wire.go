@@ -42,6 +42,15 @@ const (
 	knownFlags       = FlagExact | FlagCap
 )
 
+// ResultLeased (BatchResult.Flags) marks a BatchExistLease hit that holds a lease.
+const ResultLeased uint8 = 1 << 0
+
+// Lease durations of BatchExistLease (RequestHeader.length, in milliseconds).
+const (
+	DefaultLeaseMS = 10_000 // when the request asks for 0
+	MaxLeaseMS     = 60_000 // longer requests are clamped: a lease must not outlive its use
+)
+
 // Op and Status are the generated enums; re-exported so callers need not import fb.
 type (
 	Op     = fb.Op
@@ -208,6 +217,7 @@ func DecodeBatchItem(b []byte) (BatchItem, error) {
 // BatchResult is one item of a batch response.
 type BatchResult struct {
 	Status     Status
+	Flags      uint8 // ResultLeased
 	ValueLen   uint64
 	PayloadLen uint64
 }
@@ -218,7 +228,7 @@ func (r *BatchResult) Encode(b []byte) {
 	var h fb.BatchResult
 	h.Init(b, 0)
 	h.MutateStatus(byte(r.Status))
-	h.MutateReserved0(0)
+	h.MutateFlags(r.Flags)
 	h.MutateReserved1(0)
 	h.MutateReserved2(0)
 	h.MutateValueLen(r.ValueLen)
@@ -232,9 +242,12 @@ func DecodeBatchResult(b []byte) (BatchResult, error) {
 	}
 	var h fb.BatchResult
 	h.Init(b, 0)
-	r := BatchResult{Status: Status(h.Status()), ValueLen: h.ValueLen(), PayloadLen: h.PayloadLen()}
+	r := BatchResult{Status: Status(h.Status()), Flags: h.Flags(), ValueLen: h.ValueLen(), PayloadLen: h.PayloadLen()}
 	if r.Status > MaxStatus {
 		return r, fmt.Errorf("%w: status %d", ErrMalformed, r.Status)
+	}
+	if r.Flags&^ResultLeased != 0 {
+		return r, fmt.Errorf("%w: result flags %#x", ErrMalformed, r.Flags)
 	}
 	return r, nil
 }

@@ -77,7 +77,7 @@ func TestRoundTrips(t *testing.T) {
 	if g, err := DecodeBatchItem(ib[:]); err != nil || g != it {
 		t.Fatalf("item round trip: %+v %v", g, err)
 	}
-	br := BatchResult{Status: fb.StatusCacheFull, ValueLen: 9, PayloadLen: 0}
+	br := BatchResult{Status: fb.StatusOk, Flags: ResultLeased, ValueLen: 9, PayloadLen: 0}
 	var bb [BatchResultSize]byte
 	br.Encode(bb[:])
 	if g, err := DecodeBatchResult(bb[:]); err != nil || g != br {
@@ -105,6 +105,13 @@ func TestDecodeErrors(t *testing.T) {
 	r.Encode(b[:])
 	if _, err := DecodeRequest(b[:]); !errors.Is(err, ErrVersion) {
 		t.Errorf("version: %v", err)
+	}
+	bad := BatchResult{Status: fb.StatusOk}
+	var bb [BatchResultSize]byte
+	bad.Encode(bb[:])
+	bb[1] = 0x80 // a result flag this build does not know
+	if _, err := DecodeBatchResult(bb[:]); !errors.Is(err, ErrMalformed) {
+		t.Errorf("unknown result flag: %v", err)
 	}
 	if _, err := DecodeHello([]byte{1, 2, 3}); !errors.Is(err, ErrMalformed) {
 		t.Errorf("hello garbage: %v", err)
@@ -142,6 +149,8 @@ func TestLimitsCheck(t *testing.T) {
 		{"batch get zero items", Request{Op: fb.OpBatchGet}, false, true},
 		{"batch get too many", Request{Op: fb.OpBatchGet, Count: l.MaxBatchItems + 1, PayloadLen: uint64(l.MaxBatchItems+1) * BatchItemSize}, false, true},
 		{"batch get wrong payload", Request{Op: fb.OpBatchGet, Count: 2, PayloadLen: 79}, false, true},
+		{"batch exist lease", Request{Op: fb.OpBatchExistLease, Count: 2, Length: 5000, PayloadLen: 2 * BatchItemSize}, true, false},
+		{"batch exist lease wrong payload", Request{Op: fb.OpBatchExistLease, Count: 2, PayloadLen: 81}, false, true},
 		{"batch put", Request{Op: fb.OpBatchPut, Count: 1, PayloadLen: BatchItemSize + 1}, true, false},
 		{"batch put short", Request{Op: fb.OpBatchPut, Count: 2, PayloadLen: BatchItemSize + 1}, false, true},
 		{"sg put", Request{Op: fb.OpSgPut, Count: 2, PayloadLen: 16 + 5}, true, false},

@@ -22,6 +22,7 @@ class Op(object):
     SgPut = 12
     SgGet = 13
     Mds = 14
+    BatchExistLease = 15
 
 
 class Status(object):
@@ -187,7 +188,7 @@ class BatchResult(object):
     # BatchResult
     def Status(self): return self._tab.Get(flatbuffers.number_types.Uint8Flags, self._tab.Pos + flatbuffers.number_types.UOffsetTFlags.py_type(0))
     # BatchResult
-    def Reserved0(self): return self._tab.Get(flatbuffers.number_types.Uint8Flags, self._tab.Pos + flatbuffers.number_types.UOffsetTFlags.py_type(1))
+    def Flags(self): return self._tab.Get(flatbuffers.number_types.Uint8Flags, self._tab.Pos + flatbuffers.number_types.UOffsetTFlags.py_type(1))
     # BatchResult
     def Reserved1(self): return self._tab.Get(flatbuffers.number_types.Uint16Flags, self._tab.Pos + flatbuffers.number_types.UOffsetTFlags.py_type(2))
     # BatchResult
@@ -197,13 +198,13 @@ class BatchResult(object):
     # BatchResult
     def PayloadLen(self): return self._tab.Get(flatbuffers.number_types.Uint64Flags, self._tab.Pos + flatbuffers.number_types.UOffsetTFlags.py_type(16))
 
-def CreateBatchResult(builder, status, reserved0, reserved1, reserved2, valueLen, payloadLen):
+def CreateBatchResult(builder, status, flags, reserved1, reserved2, valueLen, payloadLen):
     builder.Prep(8, 24)
     builder.PrependUint64(payloadLen)
     builder.PrependUint64(valueLen)
     builder.PrependUint32(reserved2)
     builder.PrependUint16(reserved1)
-    builder.PrependUint8(reserved0)
+    builder.PrependUint8(flags)
     builder.PrependUint8(status)
     return builder.Offset()
 

@@ -23,8 +23,12 @@ reopen_interval_s    -                          seconds between attempts to open
 ==================== ========================== ============================================
 
 The client is opened on first use in the process that does the I/O (never at import or in
-a parent that may fork), and reopened after ``fork()``. A failure to open it is logged and
-turns every operation into a miss; connectors never raise into the engine's loop.
+a parent that may fork). A process forked *after* its parent loaded libdfkv cannot use the
+library at all (Go's runtime does not survive ``fork()``): the connector says so once, with
+what to do, and stays a miss-only cache in that process, without retrying. Any other failure
+to open a client is logged (then at most once a minute) and retried every
+``reopen_interval_s``; until it opens every operation is a miss. Failed operations are logged
+at most once per 30 s per kind. Connectors never raise into the engine's loop.
 """
 
 from __future__ import annotations
@@ -152,6 +156,8 @@ class LazyClient:
         self._pid: Optional[int] = None
         self._next_try = 0.0
         self._closed = False
+        self._fatal: Optional[str] = None
+        self._last_open_log = 0.0
 
     @property
     def namespace(self) -> bytes:
@@ -178,10 +184,23 @@ class LazyClient:
         if c is not None and self._pid == pid:
             return c
         with self._lock:
-            if self._closed:
+            if self._closed or self._fatal is not None:
                 return None
             if self._client is not None and self._pid == pid:
                 return self._client
+            from .. import _lib
+
+            parent = _lib.forked_after_load()
+            if parent is not None:
+                self._fatal = (
+                    f"{self.name}: this process ({pid}) was forked from process {parent} after "
+                    "that process loaded libdfkv; a Go runtime does not survive fork(), so dfkv is "
+                    "off in this process (every lookup is a miss). Start workers with the 'spawn' "
+                    "multiprocessing method (vLLM: VLLM_WORKER_MULTIPROC_METHOD=spawn), or do not "
+                    "use dfkv in the parent before it forks.")
+                logger.error("%s", self._fatal)
+                self._client = None
+                return None
             if self._client is not None:  # inherited through fork(): drop, never touch
                 self._client = None
                 self._next_try = 0.0
@@ -199,8 +218,13 @@ class LazyClient:
                 return self._client
             except Exception as e:  # misconfiguration or no library: misses, logged
                 self._next_try = now + max(0.0, self.cfg.reopen_interval_s)
-                logger.error("%s: cannot open a dfkv client (every lookup is a miss until it "
-                             "opens): %s", self.name, e)
+                if now - self._last_open_log >= 60.0:
+                    self._last_open_log = now
+                    logger.error("%s: cannot open a dfkv client (every lookup is a miss until it "
+                                 "opens; retried every %.0f s, logged once a minute): %s",
+                                 self.name, self.cfg.reopen_interval_s, e)
+                else:
+                    logger.debug("%s: dfkv client still not open: %s", self.name, e)
                 return None
 
     def close(self) -> None:
@@ -214,13 +238,49 @@ class LazyClient:
                 pass
 
 
+_LOG_EVERY_S = 30.0
+_log_state: Dict[str, List[float]] = {}  # what -> [last logged (monotonic), suppressed count]
+_log_mu = threading.Lock()
+
+
+def log_limited(what: str, msg: str, *args: Any) -> bool:
+    """Log a failure of kind ``what`` as a warning at most once per 30 s, with the number of
+    failures suppressed since the last one; returns whether it logged."""
+    now = time.monotonic()
+    with _log_mu:
+        st = _log_state.setdefault(what, [float("-inf"), 0.0])
+        if now - st[0] < _LOG_EVERY_S:
+            st[1] += 1
+            return False
+        suppressed, st[0], st[1] = int(st[1]), now, 0.0
+    if suppressed:
+        msg += " (%d more since the last report)"
+        args = args + (suppressed,)
+    logger.warning(msg, *args)
+    return True
+
+
+def check_object_size(lazy: "LazyClient", nbytes: int, what: str, hint: str) -> None:
+    """Refuse to start (ValueError naming the flag to change) when one object of ``nbytes``
+    exceeds the largest value every dfkv server accepts (advertised in HELLO): otherwise
+    every PUT would fail, quietly, for the life of the engine. Unknown limits (no server
+    reachable yet) pass; the PUTs then fail loudly enough on their own."""
+    c = lazy.get()
+    limit = c.max_value_size if c is not None else 0
+    if nbytes and limit and nbytes > limit:
+        raise ValueError(
+            f"{what} is {nbytes} bytes but the dfkv servers accept at most {limit} bytes; start "
+            f"dfkv_server with --max-msg {nbytes} or more, or {hint}")
+
+
 def safe_call(what: str, default: T, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args)``; any exception is logged and turned into ``default`` (a miss)."""
+    """``fn(*args)``; any exception is logged (rate-limited per ``what``) and turned into
+    ``default`` (a miss)."""
     try:
         return fn(*args, **kwargs)
     except Exception as e:
-        logger.warning("dfkv %s failed (treated as a miss): %s: %s", what, type(e).__name__, e,
-                       exc_info=logger.isEnabledFor(logging.DEBUG))
+        log_limited(what, "dfkv %s failed (treated as a miss): %s: %s", what, type(e).__name__, e)
+        logger.debug("dfkv %s failure", what, exc_info=True)
         return default
 
 

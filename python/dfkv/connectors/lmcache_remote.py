@@ -1,16 +1,18 @@
 """LMCache remote storage plugin over dfkv.
 
-Two ways to load it (LMCache config file or ``LMCACHE_*`` environment)::
+Load it as a remote storage plugin (LMCache config file or ``LMCACHE_*`` environment)::
 
-    # 1. remote storage plugin (preferred)
     remote_storage_plugins: ["dfkv"]
     extra_config:
       remote_storage_plugin.dfkv.module_path: dfkv.connectors.lmcache_remote
       remote_storage_plugin.dfkv.class_name: DfkvConnectorAdapter
       remote_storage_plugin.dfkv.members: "n1=10.0.0.10:12000,n2=10.0.0.11:12000"
 
-    # 2. legacy remote_url, once the adapter is registered as a plugin as above
-    remote_url: "dfkv://n1@10.0.0.10:12000,n2@10.0.0.11:12000"
+    # or the nodes as one URL, still through the plugin (one backend):
+      remote_storage_plugin.dfkv.url: "dfkv://n1@10.0.0.10:12000,n2@10.0.0.11:12000"
+
+Do not also set ``remote_url``: LMCache builds one RemoteBackend per plugin *and* one for
+``remote_url``, so the same chunks would be written twice.
 
 LMCache's ``ConnectorManager`` imports the module named by
 ``remote_storage_plugin.<name>.module_path``, instantiates ``DfkvConnectorAdapter()`` and asks
@@ -47,6 +49,7 @@ from ._common import (
     ClientConfig,
     LazyClient,
     build_namespace,
+    check_object_size,
     dtype_name,
     fingerprint,
     leading_hits,
@@ -123,6 +126,9 @@ class DfkvRemoteConnector(RemoteConnector):
         self.plugin_name = plugin_name or PLUGIN
 
         extra = dict(getattr(config, "extra_config", None) or {})
+        if not (url or "").startswith("dfkv://"):
+            # The plugin route (one backend) takes the dfkv:// string from its own key.
+            url = extra.get(f"remote_storage_plugin.{self.plugin_name}.url") or url
         for k, v in parse_dfkv_url(url or "").items():
             extra.setdefault(k, v)
         prefixes = (f"remote_storage_plugin.{self.plugin_name}.", f"remote_storage_plugin.{PLUGIN}.",
@@ -148,6 +154,8 @@ class DfkvRemoteConnector(RemoteConnector):
             tp=1 if self.use_mla else self.world_size)
         self._client = LazyClient(self.cfg, ns, name=f"lmcache[{self.plugin_name}]")
         self._builders: Dict[Tuple[int, int], Callable[[bytes], bytes]] = {}
+        check_object_size(self._client, int(self.full_chunk_size_bytes),
+                          "dfkv LMCache connector: one chunk object", "use a smaller chunk_size")
         logger.info("dfkv LMCache connector: model=%s world_size=%d chunk=%d bytes=%d mla=%s",
                     model, self.world_size, chunk, self.full_chunk_size_bytes, self.use_mla)
 
@@ -256,8 +264,13 @@ class DfkvRemoteConnector(RemoteConnector):
         return []
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
-        self._client.close()
+        # Waiting for in-flight dfkv calls (and closing the client) blocks: do it on a thread
+        # so the event loop keeps serving LMCache's other tasks meanwhile.
+        def shut() -> None:
+            self._executor.shutdown(wait=True)
+            self._client.close()
+
+        await asyncio.get_running_loop().run_in_executor(None, shut)
 
     def support_batched_get(self) -> bool:
         return True

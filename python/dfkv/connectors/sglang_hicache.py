@@ -46,7 +46,9 @@ from .. import identity
 from ._common import (
     ClientConfig,
     LazyClient,
+    _as_bool,
     addresses_segments,
+    check_object_size,
     build_namespace,
     dtype_name,
     fingerprint,
@@ -103,6 +105,10 @@ class DfkvHiCacheStorage(HiCacheStorage):
         self.cfg = ClientConfig.from_mapping(extra)
         self.cfg.require_endpoints("dfkv HiCache backend")
         self.skip_existing = str(extra.get("skip_existing", "1")).lower() not in ("0", "false", "no")
+        # The controller stores through batch_set_v1 (one gathered object per page) when the
+        # dynamic backend's extra config sets interface_v1, else through batch_set (the flat
+        # data page): lookups must probe the key form that interface stores.
+        self.interface_v1 = bool(_as_bool(extra.get("interface_v1", 0)))
 
         g = lambda name, default: getattr(sc, name, default) if sc is not None else default  # noqa: E731
         self.tp_rank, self.tp_size = int(g("tp_rank", 0)), int(g("tp_size", 1))
@@ -183,6 +189,9 @@ class DfkvHiCacheStorage(HiCacheStorage):
         if geom is not None:
             self._geoms[KV_POOL] = geom
         self._client.set_namespace(self._namespace(geom))
+        if geom is not None:
+            check_object_size(self._client, geom.page_bytes, "dfkv HiCache: one KV page object",
+                              "use a smaller --page-size")
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         self.registered_pools[str(host_pool_name)] = host_pool
@@ -248,10 +257,18 @@ class DfkvHiCacheStorage(HiCacheStorage):
         segs = self._segments(geom, host_indices, n)
         return get_segments(c, [geom.key(k) for k in keys], segs)
 
+    def _anchor(self) -> bool:
+        """DeepSeek-V4's KV pool is a logical anchor (``kv_buffer`` None): it owns indices but
+        no bytes; its sidecar pools carry the data (v2). Like Mooncake's backend, the anchor's
+        own pages always 'transfer'."""
+        return self.mem_pool_host is not None and getattr(self.mem_pool_host, "kv_buffer", True) is None
+
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         keys = list(keys or [])
         if not keys:
             return []
+        if self._anchor():
+            return [True] * len(keys)
         return safe_call("HiCache batch_get_v1", [False] * len(keys), self._io_get,
                          self._geoms.get(KV_POOL), keys, host_indices)
 
@@ -259,6 +276,8 @@ class DfkvHiCacheStorage(HiCacheStorage):
         keys = list(keys or [])
         if not keys:
             return []
+        if self._anchor():
+            return [True] * len(keys)
         return safe_call("HiCache batch_set_v1", [False] * len(keys), self._io_set,
                          self._geoms.get(KV_POOL), keys, host_indices)
 
@@ -273,7 +292,10 @@ class DfkvHiCacheStorage(HiCacheStorage):
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         keys = list(keys or [])
-        flags = safe_call("HiCache batch_exists", [], self._exist_flags, self._geoms.get(KV_POOL), keys)
+        if self._anchor():
+            return len(keys)  # no KV bytes to miss: the sidecar pools decide (v2)
+        geom = self._geoms.get(KV_POOL) if self.interface_v1 else None
+        flags = safe_call("HiCache batch_exists", [], self._exist_flags, geom, keys)
         return leading_hits(flags)
 
     def exists(self, key: str) -> bool:
@@ -351,10 +373,10 @@ class DfkvHiCacheStorage(HiCacheStorage):
         keys = list(keys or [])
 
         def run() -> Any:
-            if getattr(self.mem_pool_host, "kv_buffer", True) is None:
-                kv_pages = len(keys)  # logical KV anchor: sidecar pools carry the data
-            else:
-                kv_pages = self.batch_exists(keys, extra_info)
+            if self._anchor():
+                kv_pages = len(keys)  # logical KV anchor: the sidecar pools carry the data
+            else:  # v2 moves KV pages through batch_get_v2/batch_set_v2: the gathered form
+                kv_pages = leading_hits(self._exist_flags(self._geoms.get(KV_POOL), keys))
             hit_count: Dict[Any, int] = {PoolName.KV: kv_pages} if kv_pages else {}
             restorable = list(range(1, kv_pages + 1))
             transfers = list(pool_transfers or [])

@@ -6,32 +6,44 @@ Load it with::
       "kv_connector_module_path": "dfkv.connectors.vllm_v1", "kv_role": "kv_both",
       "kv_connector_extra_config": {"members": "n1=10.0.0.10:12000,n2=10.0.0.11:12000"}}'
 
-``KVConnectorFactory`` imports ``kv_connector_module_path`` and builds one instance per role:
+``KVConnectorFactory`` imports ``kv_connector_module_path`` and builds one instance per role.
+Nothing blocks the scheduler thread and a vanished object never fails a request:
 
-* **Scheduler side** — ``get_num_new_matched_tokens`` turns the request's block hashes into
-  dfkv keys (one per block, KV cache group and rank) and asks one batch EXIST how many blocks
-  beyond the locally computed prefix every rank holds; ``update_state_after_alloc`` records
-  which allocated blocks to load; ``build_connector_meta`` adds the prompt blocks that become
-  full this step to the save list; ``request_finished[_all_groups]`` drops the request.
-* **Worker side** — ``register_kv_caches`` learns each layer's paged tensor;
-  ``start_load_kv`` reads the objects into a host staging buffer (pinned when CUDA is
-  present) and copies only the blocks that arrived whole into the paged KV cache;
-  ``wait_for_save`` gathers the saved blocks into the staging buffer and stores them.
-  A block whose object is missing or the wrong size is never written: its id is returned by
-  ``get_block_ids_with_load_errors`` and vLLM recomputes it.
+* **Lookup (scheduler)** — ``get_num_new_matched_tokens`` hands the request's dfkv keys (one
+  per block, KV cache group and rank) to a lookup thread that runs one *leased* batch lookup
+  (``dfkv_batch_exist_lease``) and returns ``None`` ("ask again") until the answer is in. A
+  leased hit is protected from eviction on its server until it is read or ``lease_ms``
+  (default 10 s) passes, so the load that follows finds it. A failed lookup (dead node,
+  deadline) answers 0 and pauses lookups for ``lookup_cooldown_s``: a dead node costs one
+  deadline, not one per step.
+* **Load (worker, asynchronous)** — every hit is loaded asynchronously
+  (``load_kv_async=True``): ``start_load_kv`` queues one job per request on a loader thread
+  that reads the objects into a pinned host buffer registered with dfkv once
+  (``dfkv_register_memory``) and copies the blocks that arrived whole into the paged KV
+  cache; ``get_finished`` reports the request when its job is done.
+* **Partial loads recompute** — a job reports how many leading blocks arrived
+  (``build_connector_worker_meta``); the scheduler-side ``update_connector_output`` rewinds
+  the request's computed tokens to that prefix before vLLM promotes it, so vLLM simply
+  computes the rest. No block ids are reported as load errors: that path fails the request
+  under vLLM's default ``kv_load_failure_policy="fail"`` and raises with several KV cache
+  groups (HMA). Both policies and hybrid models therefore recompute.
+* **Save (worker)** — ``wait_for_save`` gathers the prompt blocks that became full this step
+  straight into a second registered pinned buffer and stores them (``kv_role=kv_consumer``
+  never saves; ``kv_producer`` never looks up).
 
 One object = one block of one KV cache group on one rank: every layer of the group, each
 layer's block in its logical (K/V-first) order, concatenated. MLA models store one object per
-block shared by all TP ranks (tp rank = replicated), written by TP rank 0 only.
-
-Without RDMA all KV moves through the staging buffer (``staging_blocks`` objects at a time).
-Loads are synchronous (``wait_for_layer_load`` has nothing to wait for) and saves complete in
-``wait_for_save``, so ``get_finished`` never holds blocks.
+block shared by all TP ranks (tp rank = replicated), written by TP rank 0 only. At start the
+connector checks one object against the servers' advertised max value size and refuses to
+start, naming ``--max-msg``, when it does not fit.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -41,6 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
     SupportsHMA,
 )
 
@@ -48,7 +61,9 @@ from .. import identity
 from ._common import (
     ClientConfig,
     LazyClient,
+    _as_bool,
     build_namespace,
+    check_object_size,
     dtype_name,
     fingerprint,
     leading_hits,
@@ -56,7 +71,7 @@ from ._common import (
     safe_call,
 )
 
-__all__ = ["DfkvConnector", "DfkvConnectorMetadata", "LAYOUT_ID"]
+__all__ = ["DfkvConnector", "DfkvConnectorMetadata", "DfkvWorkerMetadata", "LAYOUT_ID"]
 
 logger = logging.getLogger("dfkv.connectors.vllm")
 
@@ -81,11 +96,32 @@ class DfkvConnectorMetadata(KVConnectorMetadata):
 
 
 @dataclass
+class DfkvWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler: per finished load, how many of its leading blocks arrived whole
+    (the minimum over ranks after aggregation)."""
+
+    loaded: Dict[str, int] = field(default_factory=dict)
+
+    def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
+        out = dict(self.loaded)
+        for rid, n in getattr(other, "loaded", {}).items():
+            out[rid] = min(n, out.get(rid, n))
+        return DfkvWorkerMetadata(loaded=out)
+
+
+@dataclass
 class _ReqState:
     request: Any
     block_ids: List[List[int]]
     saved: int  # blocks [0, saved) are in dfkv (hit or saved)
     n_prompt: int
+
+
+@dataclass
+class _Lookup:
+    start: int                      # first block looked up (the local prefix)
+    fut: Optional[Future] = None    # in flight
+    hits: Optional[int] = None      # leading blocks every rank holds, when done
 
 
 class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
@@ -98,11 +134,17 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self.cfg = ClientConfig.from_mapping(extra)
         self.cfg.require_endpoints("dfkv vLLM connector")
         self.staging_blocks = max(1, int(extra.get("staging_blocks", 64)))
+        self.lease_ms = int(extra.get("lease_ms", 10_000))
+        self.lookup_cooldown_s = float(extra.get("lookup_cooldown_s", 5.0))
+        kv_role = str(getattr(ktc, "kv_role", None) or "kv_both")
+        self.can_load = kv_role != "kv_producer"
+        self.can_save = kv_role != "kv_consumer"
 
         mc = getattr(vllm_config, "model_config", None)
         pc = getattr(vllm_config, "parallel_config", None)
         cc = getattr(vllm_config, "cache_config", None)
-        self.use_mla = bool(extra.get("use_mla", getattr(mc, "use_mla", False)))
+        use_mla = extra.get("use_mla")
+        self.use_mla = bool(_as_bool(use_mla) if use_mla is not None else getattr(mc, "use_mla", False))
         self.tp_size = int(getattr(pc, "tensor_parallel_size", 1) or 1)
         self.pp_size = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
         model = self.cfg.model or getattr(mc, "served_model_name", None) or getattr(mc, "model", None)
@@ -121,6 +163,25 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         if groups and not self.enabled:
             logger.warning("dfkv vLLM connector: KV cache groups with different block sizes are not "
                            "supported; the connector reports no hits and saves nothing")
+        self.hash_block_size = self.sched_block_size = self.block_size
+        if groups:
+            try:
+                from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+                self.sched_block_size, self.hash_block_size = resolve_kv_cache_block_sizes(
+                    kv_cache_config, vllm_config)
+            except Exception as e:  # an invalid config is vLLM's to report
+                logger.debug("dfkv: cannot resolve vLLM's hash block size: %s", e)
+        if self.enabled and (self.hash_block_size != self.block_size or self.sched_block_size != self.block_size):
+            # vLLM hashes (and aligns hits to) a unit other than one paged block here (decode
+            # context parallelism: block_size x dcp; a prefix_match_unit): objects keyed per
+            # block would pair hashes with the wrong blocks. Off, loudly, until supported.
+            self.enabled = False
+            logger.warning("dfkv vLLM connector: vLLM hashes blocks of %d tokens and schedules "
+                           "blocks of %d, the paged block is %d (decode context parallelism or "
+                           "prefix_match_unit); this layout is not supported yet, so the connector "
+                           "reports no hits and saves nothing", self.hash_block_size,
+                           self.sched_block_size, self.block_size)
         desc = {
             "groups": [{"layers": len(names), "spec": type(spec).__name__,
                         "block_size": getattr(spec, "block_size", None),
@@ -145,30 +206,36 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         # scheduler-side state
         self._reqs: Dict[str, _ReqState] = {}
         self._requests: Dict[str, Any] = {}
-        self._lookups: Dict[str, Tuple[int, int]] = {}
+        self._lookups: Dict[str, _Lookup] = {}
+        self._load_start: Dict[str, int] = {}   # request -> computed tokens before its load
         self._pending_loads: List[_Transfer] = []
+        self._lookup_pool: Optional[ThreadPoolExecutor] = None
+        self._lookups_paused_until = 0.0
+        self._kv_cache_manager: Any = None
         # worker-side state
         self._layers: List[List[Tuple[str, torch.Tensor, int, int]]] = []
         self._obj_bytes: List[int] = []
-        self._staging: Optional[torch.Tensor] = None
-        self._failed: Set[int] = set()
+        self._load_buf: Optional[torch.Tensor] = None
+        self._save_buf: Optional[torch.Tensor] = None
+        self._loader: Optional[ThreadPoolExecutor] = None
+        self._load_jobs: Dict[str, Future] = {}
+        self._loaded: Dict[str, int] = {}
+        self._mu = threading.Lock()
         self.tp_rank, self.pp_rank = self._ranks(extra)
 
     # -- identity ---------------------------------------------------------------------------
 
     @staticmethod
     def _ranks(extra: Dict[str, Any]) -> Tuple[int, int]:
-        tp = extra.get("tp_rank")
-        pp = extra.get("pp_rank")
-        if tp is None or pp is None:
-            try:
-                from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+        """This worker's tp/pp ranks from vLLM's process groups. ``tp_rank``/``pp_rank`` in the
+        extra config count only where the groups do not exist (the scheduler process, or a
+        test without torch.distributed); they never override a real group."""
+        try:
+            from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
-                tp = get_tp_group().rank_in_group if tp is None else tp
-                pp = get_pp_group().rank_in_group if pp is None else pp
-            except Exception:  # groups not initialised (scheduler process, tests)
-                pass
-        return int(tp or 0), int(pp or 0)
+            return int(get_tp_group().rank_in_group), int(get_pp_group().rank_in_group)
+        except Exception:  # groups not initialised
+            return int(extra.get("tp_rank") or 0), int(extra.get("pp_rank") or 0)
 
     def _key(self, h: bytes, group: int, tp_rank: int, pp_rank: int) -> bytes:
         return identity.encode_object_key(
@@ -185,29 +252,56 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
     # Scheduler side
     # ==============================
 
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        self._kv_cache_manager = kv_cache_manager
+
+    def _hashes(self, request: Any) -> List[Any]:
+        n_prompt = len(request.prompt_token_ids or [])
+        return list(request.block_hashes)[: max(0, n_prompt - 1) // self.block_size]  # keep >= 1 token to compute
+
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         return safe_call("vLLM lookup", (0, False), self._lookup, request, num_computed_tokens)
 
-    def _lookup(self, request: Any, num_computed_tokens: int) -> Tuple[int, bool]:
-        self._requests[request.request_id] = request
-        if not self.enabled:
+    def _lookup(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        rid = request.request_id
+        self._requests[rid] = request
+        if not self.enabled or not self.can_load:
             return 0, False
         bs = self.block_size
-        n_prompt = len(request.prompt_token_ids or [])
-        hashes = list(request.block_hashes)[: max(0, n_prompt - 1) // bs]  # keep >= 1 token to compute
+        hashes = self._hashes(request)
         start = num_computed_tokens // bs
         if start >= len(hashes):
             return 0, False
+        lk = self._lookups.get(rid)
+        if lk is None or lk.start != start:
+            if time.monotonic() < self._lookups_paused_until:
+                return 0, False
+            if self._lookup_pool is None:
+                self._lookup_pool = ThreadPoolExecutor(1, thread_name_prefix="dfkv-lookup")
+            keys = [[k for k in self._all_rank_keys(h)] for h in hashes[start:]]
+            lk = _Lookup(start, fut=self._lookup_pool.submit(self._leased_lookup, keys))
+            self._lookups[rid] = lk
+        if lk.hits is None:
+            if not lk.fut.done():
+                return None, False  # still looking: vLLM asks again next step
+            try:
+                lk.hits = lk.fut.result()
+            except Exception as e:
+                lk.hits = 0
+                self._lookups_paused_until = time.monotonic() + self.lookup_cooldown_s
+                logger.warning("dfkv lookup failed; lookups answer 0 for %.1f s: %s: %s",
+                               self.lookup_cooldown_s, type(e).__name__, e)
+        tokens = (start + lk.hits) * bs - num_computed_tokens
+        return (tokens, True) if tokens > 0 else (0, False)
+
+    def _leased_lookup(self, keys: List[List[bytes]]) -> int:
         c = self._client.get()
         if c is None:
-            return 0, False
-        per = len(self._all_rank_keys(hashes[0]))
-        keys = [k for h in hashes[start:] for k in self._all_rank_keys(h)]
-        ex = c.batch_exist(keys)
-        hits = leading_hits(all(ex[i * per:(i + 1) * per]) for i in range(len(hashes) - start))
-        self._lookups[request.request_id] = (start, start + hits)
-        tokens = (start + hits) * bs - num_computed_tokens
-        return max(0, tokens), False
+            return 0
+        flat = [k for ks in keys for k in ks]
+        res = c.batch_exist_lease(flat, self.lease_ms)
+        per = len(keys[0]) if keys else 0
+        return leading_hits(all(v > 0 for v in res[i * per:(i + 1) * per]) for i in range(len(keys)))
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         safe_call("vLLM update_state_after_alloc", None, self._after_alloc, request, blocks,
@@ -216,15 +310,17 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
     def _after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         rid = request.request_id
         self._requests[rid] = request
-        start, end = self._lookups.pop(rid, (0, 0))
-        if num_external_tokens <= 0:
+        lk = self._lookups.pop(rid, None)
+        if num_external_tokens <= 0 or lk is None or not lk.hits:
             return
-        n = min(end - start, num_external_tokens // self.block_size)
+        start = lk.start
+        n = min(lk.hits, num_external_tokens // self.block_size)
         if n <= 0:
             return
         ids = blocks.get_block_ids()
         hashes = [bytes(h) for h in list(request.block_hashes)[start:start + n]]
         self._pending_loads.append(_Transfer(rid, hashes, [list(g[start:start + n]) for g in ids]))
+        self._load_start[rid] = start * self.block_size
         st = self._reqs.get(rid)
         if st is not None:
             st.saved = max(st.saved, start + n)
@@ -235,8 +331,33 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = DfkvConnectorMetadata(loads=self._pending_loads)
         self._pending_loads = []
-        safe_call("vLLM build_connector_meta", None, self._collect_saves, scheduler_output, meta)
+        if self.can_save:
+            safe_call("vLLM build_connector_meta", None, self._collect_saves, scheduler_output, meta)
         return meta
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """Rewind a request whose load came back short to the prefix that arrived, before
+        vLLM promotes it: vLLM then computes the rest itself (the recompute contract that
+        holds under every ``kv_load_failure_policy`` and with several KV cache groups)."""
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        for rid, ok_blocks in (getattr(meta, "loaded", None) or {}).items():
+            req = self._requests.get(rid)
+            base = self._load_start.pop(rid, None)
+            if req is None or base is None:
+                continue
+            good = base + ok_blocks * self.block_size
+            if good >= req.num_computed_tokens:
+                continue
+            logger.info("dfkv: request %s loaded %d of %d tokens; vLLM recomputes the rest",
+                        rid, good, req.num_computed_tokens)
+            req.num_computed_tokens = good
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.saved = min(st.saved, good // self.block_size)
+            if good == 0 and self._kv_cache_manager is not None:
+                # Nothing usable: release the blocks as vLLM does for a failed load with no
+                # valid prefix, so that the retry starts from a fresh prefix lookup.
+                self._kv_cache_manager.free(req)
 
     def _collect_saves(self, so: Any, meta: DfkvConnectorMetadata) -> None:
         if not self.enabled:
@@ -293,6 +414,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self._reqs.pop(rid, None)
         self._requests.pop(rid, None)
         self._lookups.pop(rid, None)
+        self._load_start.pop(rid, None)
 
     # ==============================
     # Worker side
@@ -307,34 +429,68 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                 t = kv_caches.get(name)
                 if t is None:
                     continue  # another PP stage's layer
-                bdim = self._block_dim(t)
+                t, bdim = self._as_blocks(name, t)
                 lb = t.numel() // t.shape[bdim] * t.element_size()
                 group.append((name, t, bdim, lb))
             layers.append(group)
             obj_bytes.append(sum(lb for *_, lb in group))
         self._layers, self._obj_bytes = layers, obj_bytes
-        self._staging = None
+        self._check_object_size()
+        self._load_buf = self._save_buf = None
         logger.info("dfkv vLLM connector: %d layers in %d groups, object bytes %s, tp %d/%d",
                     sum(len(g) for g in layers), len(layers), obj_bytes, self.tp_rank, self.tp_size)
 
-    def _block_dim(self, t: torch.Tensor) -> int:
-        nb = self.num_blocks
-        if t.dim() >= 2 and t.shape[0] == 2 and t.shape[1] == nb:
-            return 1  # (2, num_blocks, ...): K/V split first
-        for d, s in enumerate(t.shape):
-            if s == nb:
-                return d
-        raise ValueError(f"cannot find the block dimension ({nb} blocks) in a KV tensor of shape {tuple(t.shape)}")
+    def _check_object_size(self) -> None:
+        """Refuse to start when one block object exceeds what the servers accept: every PUT
+        would fail, silently, for the life of the engine."""
+        check_object_size(self._client, max(self._obj_bytes or [0]),
+                          f"dfkv vLLM connector: one KV block object ({self.block_size} tokens x "
+                          "every layer of a KV cache group on this rank)", "use a smaller --block-size")
 
-    def _staging_rows(self, rows: int) -> torch.Tensor:
-        """The host staging buffer: ``staging_blocks`` rows of the largest object, allocated
-        once (pinned when CUDA is present, so device copies are DMA) and reused."""
+    def _as_blocks(self, name: str, t: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        """A view of a layer's KV tensor with one dimension of ``num_blocks`` blocks, and that
+        dimension. Accepted: (2, num_blocks, ...) (K/V first); any layout with a dimension of
+        num_blocks; vLLM 0.33's [B, H, N, C] views where B = num_blocks x kernel split (a
+        block's kernel blocks are consecutive rows) and raw byte buffers of num_blocks pages,
+        both when contiguous. Anything else refuses at start, naming the layout."""
+        nb = self.num_blocks
+        shape = tuple(t.shape)
+        if nb > 0:
+            if t.dim() >= 2 and shape[0] == 2 and shape[1] == nb:
+                return t, 1  # (2, num_blocks, ...): K/V split first
+            if shape[0] == nb:
+                return t, 0
+            if t.dim() == 1 and t.numel() % nb == 0 and t.is_contiguous():
+                return t.view(nb, t.numel() // nb), 0  # raw buffer: num_blocks pages of bytes
+            if t.dim() >= 2 and shape[0] % nb == 0 and t.is_contiguous():
+                return t.view((nb, shape[0] // nb) + shape[1:]), 0  # [B,H,N,C], B = nb x split
+            for d, s in enumerate(shape):
+                if s == nb:
+                    return t, d
+        raise ValueError(
+            f"dfkv vLLM connector: layer {name}: KV tensor of shape {shape}, dtype {t.dtype}, "
+            f"stride {tuple(t.stride())} has no dimension of num_blocks={nb} blocks, no contiguous "
+            "leading dimension that is a multiple of it ([B,H,N,C] with B = num_blocks x kernel "
+            "split), and is not a contiguous raw buffer of num_blocks pages; this layout is not "
+            "supported")
+
+    def _host_buf(self, which: str) -> torch.Tensor:
+        """A host buffer of ``staging_blocks`` rows of the largest object, allocated once
+        (pinned when CUDA is present, so device copies are DMA) and registered with dfkv
+        once; loads and saves each have their own, as loads run on the loader thread."""
+        buf = self._load_buf if which == "load" else self._save_buf
         width = max(self._obj_bytes or [0])
-        if self._staging is None or self._staging.shape[1] < width:
+        if buf is None or buf.shape[1] < width:
             pin = torch.cuda.is_available()
-            self._staging = torch.empty((self.staging_blocks, width), dtype=torch.uint8, pin_memory=pin)
-        assert rows <= self._staging.shape[0]
-        return self._staging
+            buf = torch.empty((self.staging_blocks, width), dtype=torch.uint8, pin_memory=pin)
+            c = self._client.get()
+            if c is not None:
+                c.register_memory(buf.data_ptr(), buf.numel())
+            if which == "load":
+                self._load_buf = buf
+            else:
+                self._save_buf = buf
+        return buf
 
     def _gather(self, group: int, block_ids: Sequence[int], out: torch.Tensor) -> None:
         off = 0
@@ -353,80 +509,110 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             view[idx] = src.reshape((len(block_ids),) + tuple(view.shape[1:]))
             off += lb
 
-    def _units(self, xfers: List[_Transfer]) -> List[Tuple[bytes, int, int]]:
-        """(dfkv key, group, block id) per object of this rank, skipping null blocks."""
+    def _units(self, x: _Transfer) -> List[Tuple[bytes, int, int, int]]:
+        """(dfkv key, group, block id, block index) per object of this rank, skipping null
+        blocks."""
         out = []
-        for x in xfers:
-            for i, h in enumerate(x.hashes):
-                for g in range(min(len(x.block_ids), len(self._layers))):
-                    bid = x.block_ids[g][i] if i < len(x.block_ids[g]) else _NULL_BLOCK
-                    if bid != _NULL_BLOCK and self._obj_bytes[g] > 0:
-                        out.append((self._key(h, g, self.tp_rank, self.pp_rank), g, bid))
+        for i, h in enumerate(x.hashes):
+            for g in range(min(len(x.block_ids), len(self._layers))):
+                bid = x.block_ids[g][i] if i < len(x.block_ids[g]) else _NULL_BLOCK
+                if bid != _NULL_BLOCK and self._obj_bytes[g] > 0:
+                    out.append((self._key(h, g, self.tp_rank, self.pp_rank), g, bid, i))
         return out
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if not self.has_connector_metadata():
             return
-        meta = self._get_connector_metadata()
-        loads = getattr(meta, "loads", None) or []
+        loads = getattr(self._get_connector_metadata(), "loads", None) or []
         if not loads:
             return
-        units = self._units(loads)
-        ok = safe_call("vLLM load", None, self._load_units, units)
-        if ok is None:  # unexpected failure: every block of these loads is suspect
-            self._failed.update(bid for _, _, bid in units)
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(1, thread_name_prefix="dfkv-load")
+        for x in loads:
+            self._load_jobs[x.req_id] = self._loader.submit(self._load_request, x)
 
-    def _load_units(self, units: List[Tuple[bytes, int, int]]) -> bool:
+    def _load_request(self, x: _Transfer) -> int:
+        """Load one request's blocks; returns how many leading blocks arrived whole."""
+        units = self._units(x)
         c = self._client.get()
+        if c is None:
+            return 0
+        ok = [True] * len(x.hashes)
+        buf = self._host_buf("load")
         for s in range(0, len(units), self.staging_blocks):
             chunk = units[s:s + self.staging_blocks]
-            if c is None:
-                self._failed.update(bid for _, _, bid in chunk)
-                continue
-            stg = self._staging_rows(len(chunk))
-            bufs = [stg[i, : self._obj_bytes[g]] for i, (_, g, _) in enumerate(chunk)]
-            hits = c.batch_get_into([k for k, _, _ in chunk], bufs)
-            for g in {g for _, g, _ in chunk}:
-                rows = [i for i, (_, gg, _) in enumerate(chunk) if gg == g and hits[i]]
+            bufs = [buf[i, : self._obj_bytes[g]] for i, (_, g, _, _) in enumerate(chunk)]
+            hits = safe_call("vLLM load", [False] * len(chunk), c.batch_get_into,
+                             [k for k, _, _, _ in chunk], bufs)
+            for g in {g for _, g, _, _ in chunk}:
+                rows = [i for i, u in enumerate(chunk) if u[1] == g and hits[i]]
                 if rows:
-                    self._scatter(g, [chunk[i][2] for i in rows], stg[rows, : self._obj_bytes[g]])
-            self._failed.update(bid for (_, _, bid), hit in zip(chunk, hits) if not hit)
-        return True
+                    self._scatter(g, [chunk[i][2] for i in rows], buf[rows, : self._obj_bytes[g]])
+            for (_, _, _, bi), hit in zip(chunk, hits):
+                if not hit:
+                    ok[bi] = False
+        if torch.cuda.is_available() and any(t.is_cuda for g in self._layers for _, t, _, _ in g):
+            # The scatter kernels run on this thread's stream: the request is reported done
+            # (and its blocks read by a forward) only once they finished.
+            torch.cuda.current_stream().synchronize()
+        return leading_hits(ok)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads complete inside start_load_kv
+        return  # loads are asynchronous: vLLM does not schedule a request until it finished
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         return  # every layer of a block is saved together in wait_for_save
 
     def wait_for_save(self) -> None:
-        if not self.has_connector_metadata():
+        if not self.can_save or not self.has_connector_metadata():
             return
         saves = getattr(self._get_connector_metadata(), "saves", None) or []
         if not saves or (self.use_mla and self.tp_rank != 0):
             return
-        safe_call("vLLM save", None, self._save_units, self._units(saves))
+        safe_call("vLLM save", None, self._save_units, [u for x in saves for u in self._units(x)])
 
-    def _save_units(self, units: List[Tuple[bytes, int, int]]) -> None:
+    def _save_units(self, units: List[Tuple[bytes, int, int, int]]) -> None:
         c = self._client.get()
         if c is None:
             return
+        buf = self._host_buf("save")
         for s in range(0, len(units), self.staging_blocks):
             chunk = units[s:s + self.staging_blocks]
-            stg = self._staging_rows(len(chunk))
-            for g in {g for _, g, _ in chunk}:
-                rows = [i for i, (_, gg, _) in enumerate(chunk) if gg == g]
-                tmp = torch.empty((len(rows), self._obj_bytes[g]), dtype=torch.uint8)
-                self._gather(g, [chunk[i][2] for i in rows], tmp)
-                stg[rows, : self._obj_bytes[g]] = tmp
-            c.batch_put([k for k, _, _ in chunk], [stg[i, : self._obj_bytes[g]] for i, (_, g, _) in enumerate(chunk)])
+            for g in {g for _, g, _, _ in chunk}:
+                rows = [i for i, u in enumerate(chunk) if u[1] == g]
+                lo, hi = rows[0], rows[-1] + 1
+                if rows == list(range(lo, hi)):  # contiguous rows: gather straight in
+                    self._gather(g, [chunk[i][2] for i in rows], buf[lo:hi, : self._obj_bytes[g]])
+                else:
+                    for i in rows:
+                        self._gather(g, [chunk[i][2]], buf[i:i + 1, : self._obj_bytes[g]])
+            c.batch_put([k for k, _, _, _ in chunk],
+                        [buf[i, : self._obj_bytes[g]] for i, (_, g, _, _) in enumerate(chunk)])
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
-        return None, None
+        done = set()
+        for rid, fut in list(self._load_jobs.items()):
+            if fut.done():
+                del self._load_jobs[rid]
+                try:
+                    self._loaded[rid] = fut.result()
+                except Exception as e:  # never raise into the model runner: recompute it
+                    logger.warning("dfkv load of %s failed; vLLM recomputes it: %s", rid, e)
+                    self._loaded[rid] = 0
+                done.add(rid)
+        return None, (done or None)
+
+    def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
+        if not self._loaded:
+            return None
+        meta, self._loaded = DfkvWorkerMetadata(loaded=self._loaded), {}
+        return meta
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
-        failed, self._failed = self._failed, set()
-        return failed
+        return set()  # short loads are reported through build_connector_worker_meta
 
     def shutdown(self) -> None:
+        for pool in (self._loader, self._lookup_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         self._client.close()

@@ -69,6 +69,29 @@ class MirrorMHAHostPool:
             raise ValueError(layout)
         self.kv_buffer = torch.zeros(dims, dtype=self.dtype)
 
+    # mha.py:713-760 (get_data_page / get_dummy_flat_data_page / set_from_flat_data_page),
+    # the flat data page of the controller's generic (interface_v1=0) path
+    def get_data_page(self, index, flat: bool = True):
+        if self.layout == "layer_first":
+            data_page = self.kv_buffer[:, :, index: index + self.page_size, :, :]
+        else:
+            data_page = self.kv_buffer[:, index: index + self.page_size, :, :, :]
+        return data_page.flatten() if flat else data_page
+
+    def get_dummy_flat_data_page(self):
+        import torch
+
+        return torch.zeros((2, self.layer_num, self.page_size, self.head_num, self.head_dim),
+                           dtype=self.dtype).flatten()
+
+    def set_from_flat_data_page(self, index: int, data_page) -> None:
+        if self.layout == "layer_first":
+            self.kv_buffer[:, :, index: index + self.page_size, :, :] = data_page.reshape(
+                2, self.layer_num, self.page_size, self.head_num, self.head_dim)
+        else:
+            self.kv_buffer[:, index: index + self.page_size, :, :, :] = data_page.reshape(
+                2, self.page_size, self.layer_num, self.head_num, self.head_dim)
+
     def get_page_buffer_meta(self, indices):  # mha.py:817-876, verbatim logic
         assert len(indices) % self.page_size == 0
         ptr_list = []
@@ -197,7 +220,7 @@ def page_keys(tag: str, n: int) -> list:
 
 
 def lmcache_parts(members: str, tenant: str, *, chunk: int = 16, layers: int = 2, heads: int = 2,
-                  head_dim: int = 8, url: Optional[str] = None):
+                  head_dim: int = 8, url: Optional[str] = None, plugin_url: Optional[str] = None):
     """(config, metadata, local_cpu_backend) as LMCache builds them for a worker, with the dfkv
     adapter registered through remote_storage_plugins + extra_config (LMCache's own keys)."""
     import torch
@@ -212,6 +235,8 @@ def lmcache_parts(members: str, tenant: str, *, chunk: int = 16, layers: int = 2
         "remote_storage_plugin.dfkv.tenant": tenant,
         "save_chunk_meta": False,
     }
+    if plugin_url is not None:
+        extra["remote_storage_plugin.dfkv.url"] = plugin_url
     kwargs = dict(chunk_size=chunk, local_cpu=True, max_local_cpu_size=0.05,
                   remote_storage_plugins=["dfkv"], extra_config=extra, save_unfull_chunk=True)
     if url is not None:
@@ -317,11 +342,31 @@ def vllm_step(sched: Any, worker: Any, new_reqs: list, block_ids: Dict[str, list
     meta = sched.build_connector_meta(so)
     worker.bind_connector_metadata(meta)
     worker.start_load_kv(None)
+    for f in list(worker._load_jobs.values()):  # asynchronous loads: wait (bounded) for them
+        f.result(timeout=60)
     for n in VLLM_LAYERS:
         worker.wait_for_layer_load(n)
     worker.wait_for_save()
+    worker.loaded_last = {}
+    _, recv = worker.get_finished(set())
+    wm = worker.build_connector_worker_meta()
+    if wm is not None:
+        worker.loaded_last = dict(wm.loaded)
     worker.clear_connector_metadata()
     return meta
+
+
+def vllm_match(sched: Any, req: Any, num_computed: int) -> Any:
+    """get_num_new_matched_tokens as vLLM calls it: again (next step) while it answers None
+    (the leased lookup is in flight), waiting for the lookup (bounded) in between."""
+    for _ in range(3):
+        res = sched.get_num_new_matched_tokens(req, num_computed)
+        if res[0] is not None:
+            return res
+        lk = sched._lookups.get(req.request_id)
+        if lk is not None and lk.fut is not None:
+            lk.fut.result(timeout=60)
+    raise AssertionError("lookup never answered")
 
 
 def block_digest(caches: Dict[str, Any], block_ids: list) -> str:
@@ -335,3 +380,165 @@ def block_digest(caches: Dict[str, Any], block_ids: list) -> str:
         for b in block_ids:
             h.update(t[:, b].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM's own Scheduler, driven step by step on CPU
+
+
+class NoModelConfig:
+    """Stand-in for vLLM's ModelConfig (building the real one needs a model's HF config): only
+    the fields the Scheduler and the connector read, with a text-only decoder's values. Every
+    other attribute reads as None, like an unset optional field."""
+
+    skip_tokenizer_init = True
+    uses_mrope = False
+    is_encoder_decoder = False
+    max_model_len = 256
+    runner_type = "generate"
+    is_diffusion = False
+    use_mla = False
+    model = "dfkv-test/tiny-model"
+    served_model_name = "dfkv-test/tiny-model"
+    revision = None
+
+    def __getattr__(self, name: str) -> Any:
+        return None
+
+
+def block_pattern(block_hash: bytes, layer: int, shape: Any) -> Any:
+    """The KV a block "computes" to in the fake forward: a pure function of its block hash
+    and layer, so a loaded block can be checked byte for byte."""
+    import hashlib
+
+    import torch
+
+    seed = int.from_bytes(hashlib.sha256(bytes(block_hash) + bytes([layer])).digest()[:8], "little") >> 1
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(torch.bfloat16)
+
+
+class VllmEngine:
+    """vLLM's real ``Scheduler`` (built from a VllmConfig with the dfkv connector, CPU, no
+    model) plus a worker-side connector over CPU paged KV tensors, stepped like vLLM's engine
+    core: schedule -> worker (bind metadata, start loads, fake forward that writes each
+    computed block's pattern, save, transfer results) -> update_from_output."""
+
+    def __init__(self, members: str, tenant: str, groups: int = 1, policy: Optional[str] = None,
+                 prefix_match_unit: Optional[int] = None, kv_role: str = "kv_both", **extra: Any):
+        import torch
+        from vllm.config import DeviceConfig, KVTransferConfig, VllmConfig
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        kw = {} if policy is None else {"kv_load_failure_policy": policy}
+        ktc = KVTransferConfig(kv_connector="DfkvConnector", kv_connector_module_path="dfkv.connectors.vllm_v1",
+                               kv_role=kv_role, **kw,
+                               kv_connector_extra_config={"members": members, "tenant": tenant,
+                                                          "model": "dfkv-test/tiny-model", **extra})
+        cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), kv_transfer_config=ktc)
+        object.__setattr__(cfg, "model_config", NoModelConfig())
+        cfg.cache_config.block_size = VLLM_BLOCK
+        cfg.cache_config.num_gpu_blocks = VLLM_NUM_BLOCKS
+        if prefix_match_unit is not None:
+            cfg.cache_config.prefix_match_unit = prefix_match_unit
+        spec = FullAttentionSpec(block_size=VLLM_BLOCK, num_kv_heads=VLLM_HEADS, head_size=VLLM_HEAD,
+                                 dtype=torch.bfloat16)
+        # groups > 1: the hybrid (HMA) case, one group per layer
+        names = [VLLM_LAYERS] if groups == 1 else [[n] for n in VLLM_LAYERS[:groups]]
+        self.kvc = KVCacheConfig(num_blocks=VLLM_NUM_BLOCKS, kv_cache_tensors=[],
+                                 kv_cache_groups=[KVCacheGroupSpec(layer_names=list(n), kv_cache_spec=spec)
+                                                  for n in names])
+        self.sched = Scheduler(vllm_config=cfg, kv_cache_config=self.kvc,
+                               structured_output_manager=StructuredOutputManager(cfg),
+                               block_size=VLLM_BLOCK, log_stats=False)
+        self.worker = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, self.kvc)
+        self.layer_group = {n: g for g, grp in enumerate(self.kvc.kv_cache_groups) for n in grp.layer_names}
+        self.caches = {n: torch.zeros(2, VLLM_NUM_BLOCKS, VLLM_BLOCK, VLLM_HEADS, VLLM_HEAD, dtype=torch.bfloat16)
+                       for n in self.layer_group}
+        self.worker.register_kv_caches(self.caches)
+        self.computed_by_forward: Dict[str, int] = {}  # request -> tokens the fake forward computed
+        self.first_forward: Dict[str, Any] = {}  # request -> (tokens computed before, loaded blocks intact)
+        self.finished: Dict[str, Any] = {}
+
+    def add(self, req: Any) -> None:
+        self.sched.add_request(req)
+
+    def step(self) -> Any:
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        so = self.sched.schedule()
+        w = self.worker
+        w.bind_connector_metadata(so.kv_connector_metadata)
+        w.start_load_kv(None)
+        sampled = {}
+        for rid, n in so.num_scheduled_tokens.items():
+            req = self.sched.requests[rid]
+            before = req.num_computed_tokens - n  # schedule() already counted this step
+            if rid not in self.first_forward:
+                self.first_forward[rid] = (before, all(self.block_ok(rid, req, b) for b in range(before // VLLM_BLOCK)))
+            self._forward(req, before, before + n)
+            self.computed_by_forward[rid] = self.computed_by_forward.get(rid, 0) + n
+            sampled[rid] = [7] if before + n >= req.num_tokens else []
+        w.wait_for_save()
+        tr = w.get_transfer_results(so.finished_req_ids)
+        out = KVConnectorOutput(finished_sending=tr.finished_sending or None,
+                                finished_recving=tr.finished_recving or None,
+                                failed_recving=tr.failed_recving,
+                                invalid_block_ids=w.get_block_ids_with_load_errors(),
+                                kv_connector_worker_meta=w.build_connector_worker_meta())
+        w.clear_connector_metadata()
+        rids = list(so.num_scheduled_tokens)
+        mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
+                                sampled_token_ids=[sampled[r] for r in rids], kv_connector_output=out)
+        res = self.sched.update_from_output(so, mro)
+        for eco in res.values():
+            for o in eco.outputs:
+                if o.finish_reason is not None:
+                    self.finished[o.request_id] = o
+        return so
+
+    def _forward(self, req: Any, lo: int, hi: int) -> None:
+        """Write the pattern of every block whose tokens [lo, hi) complete."""
+        ids = self.sched.kv_cache_manager.get_block_ids(req.request_id)
+        hashes = list(req.block_hashes)
+        for b in range(lo // VLLM_BLOCK, min(hi // VLLM_BLOCK, len(hashes))):
+            for li, (n, t) in enumerate(self.caches.items()):
+                bid = ids[self.layer_group[n]][b]
+                t[:, bid] = block_pattern(bytes(hashes[b]), li, t[:, bid].shape)
+
+    def settle(self) -> None:
+        """Wait (bounded) for the connector's in-flight lookups and loads: the events the
+        next step needs."""
+        for lk in list(self.sched.connector._lookups.values()):
+            if lk.fut is not None:
+                lk.fut.result(timeout=60)
+        for f in list(self.worker._load_jobs.values()):
+            f.result(timeout=60)
+
+    def run(self, req_ids: list, max_steps: int = 50) -> int:
+        """Step until every request finished; returns the steps taken (bounded)."""
+        for i in range(max_steps):
+            if all(r in self.finished for r in req_ids):
+                return i
+            self.step()
+            self.settle()
+        raise AssertionError(f"requests {req_ids} not finished in {max_steps} steps: {self.finished}")
+
+    def block_ok(self, req_id: str, req: Any, b: int) -> bool:
+        """Whether block b of a request holds its pattern in every layer."""
+        ids = self.sched.kv_cache_manager.get_block_ids(req_id)
+        for li, (n, t) in enumerate(self.caches.items()):
+            bid = ids[self.layer_group[n]][b]
+            if not torch_equal(t[:, bid], block_pattern(bytes(req.block_hashes[b]), li, t[:, bid].shape)):
+                return False
+        return True
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

@@ -64,3 +64,54 @@ def test_segments_beyond_the_sg_limit_use_a_bounce_buffer(members):
     assert get_segments(c, [b"small"], [short]) == [False]
     lc.close()
     assert lc.get() is None
+
+
+@pytest.mark.server
+def test_forked_child_gets_one_clear_error(members):
+    """A worker forked after its parent loaded libdfkv: one error that says what to do, then
+    misses without retrying (no log line every reopen interval)."""
+    import multiprocessing
+
+    parent = LazyClient(ClientConfig(members=members, reopen_interval_s=0.0), b"fork-test")
+    assert parent.get() is not None  # the parent loaded the library and opened a client
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        import logging
+
+        records = []
+
+        class H(logging.Handler):
+            def emit(self, r):
+                records.append((r.levelname, r.getMessage()))
+
+        lg = logging.getLogger("dfkv.connectors")
+        lg.addHandler(H())
+        lg.setLevel(logging.DEBUG)
+        lc = LazyClient(ClientConfig(members=members, reopen_interval_s=0.0), b"fork-test", name="child")
+        got = [lc.get() for _ in range(5)] + [parent.get()]
+        q.put((got.count(None), records))
+
+    p = ctx.Process(target=child)
+    p.start()
+    nones, records = q.get(timeout=60)
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    assert nones == 6  # the child's own client never opens; the inherited one is dropped too
+    errors = [m for lvl, m in records if lvl == "ERROR"]
+    assert len(errors) == 2, records  # once per LazyClient, not once per attempt
+    assert "fork" in errors[0] and "spawn" in errors[0]
+    parent.close()
+
+
+def test_failed_calls_log_rate_limited(caplog):
+    from dfkv.connectors._common import safe_call
+
+    def boom():
+        raise RuntimeError("node down")
+
+    with caplog.at_level("WARNING", logger="dfkv.connectors"):
+        for _ in range(50):
+            assert safe_call("rate-limit-test", 0, boom) == 0
+    assert len([r for r in caplog.records if "rate-limit-test" in r.getMessage()]) == 1

@@ -134,6 +134,29 @@ def test_blocking_calls_stay_off_the_event_loop(members, tenant):
     _run(go)
 
 
+def test_close_waits_off_the_event_loop(members, tenant):
+    """close() waits for in-flight dfkv calls without blocking the loop: here the in-flight
+    call only finishes when another task on the same loop lets it, so a close() that blocked
+    the loop would wait out the call's 30 s bound."""
+    async def go(loop):
+        conn, _ = lmcache_connector(loop, members, tenant)
+        inner = _inner(conn)
+        release = threading.Event()
+        inner._executor.submit(release.wait, 30)  # an in-flight call
+
+        async def other_task():
+            await asyncio.sleep(0)
+            release.set()
+
+        t0 = time.monotonic()
+        task = asyncio.ensure_future(other_task())
+        await asyncio.wait_for(conn.close(), 60)
+        await task
+        assert time.monotonic() - t0 < 10
+
+    _run(go)
+
+
 def test_missing_short_and_corrupt_values_are_misses(members, tenant):
     import dfkv
 
@@ -176,6 +199,22 @@ def test_dfkv_url_form(members, tenant):
         "members": "a=h1:1,h2:2=h2:2", "mds_endpoints": "m:9", "mds_group": "g"}
 
 
+def test_dfkv_url_through_the_plugin_alone(members, tenant):
+    """The nodes as one dfkv:// string in the plugin's own key: one RemoteBackend (no
+    remote_url, which would make LMCache build a second one writing the same chunks)."""
+    host = members.split("=", 1)[1]
+
+    async def go(loop):
+        conn, backend = lmcache_connector(loop, "", tenant, plugin_url=f"dfkv://n1@{host}")
+        obj = _filled(backend, conn, 10)
+        await conn.put(lmcache_key(78), obj)
+        got = await conn.get(lmcache_key(78))
+        assert got is not None and bytes(got.byte_array) == bytes(obj.byte_array)
+        await conn.close()
+
+    _run(go)
+
+
 def test_dead_node_is_misses_fast(tenant):
     import socket
 
@@ -197,5 +236,13 @@ def test_dead_node_is_misses_fast(tenant):
         assert conn.remove_sync(lmcache_key(1)) is False
         assert time.monotonic() - t0 < 15
         await conn.close()
+
+    _run(go)
+
+
+def test_oversized_chunk_refuses_at_start(small_server, tenant):
+    async def go(loop):
+        with pytest.raises(ValueError, match=r"one chunk object is \d+ bytes .* --max-msg"):
+            lmcache_connector(loop, f"n1={small_server}", tenant)
 
     _run(go)

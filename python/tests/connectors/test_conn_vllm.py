@@ -28,6 +28,7 @@ from engine_support import (  # noqa: E402
     vllm_blocks,
     vllm_connectors,
     vllm_request,
+    vllm_match,
     vllm_step,
 )
 
@@ -51,7 +52,7 @@ def _prefill_and_save(members, tenant, block_ids, seed=1):
     sched, worker, caches = vllm_connectors(members, tenant)
     _fill(caches, seed)
     req = vllm_request("writer", PROMPT)
-    assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert vllm_match(sched, req, 0) == (0, False)
     sched.update_state_after_alloc(req, vllm_blocks(block_ids), 0)
     meta = vllm_step(sched, worker, [req], {"writer": block_ids})
     assert [len(x.hashes) for x in meta.saves] == [3] and not meta.loads
@@ -79,21 +80,21 @@ def test_prefix_hit_across_processes(members, tenant):
         from engine_support import *
         sched, worker, caches = vllm_connectors({members!r}, {tenant!r})
         req = vllm_request("reader", {PROMPT!r})
-        n, is_async = sched.get_num_new_matched_tokens(req, 0)
+        n, is_async = vllm_match(sched, req, 0)
         ids = [9, 10, 11, 12]
         sched.update_state_after_alloc(req, vllm_blocks(ids), n)
         req.num_computed_tokens = n
         meta = vllm_step(sched, worker, [req], {{"reader": ids}})
         print(json.dumps({{"n": n, "async": is_async, "loads": [len(x.hashes) for x in meta.loads],
                            "saves": [len(x.hashes) for x in meta.saves],
-                           "errors": sorted(worker.get_block_ids_with_load_errors()),
+                           "loaded": worker.loaded_last,
                            "digest": block_digest(caches, ids[:3]),
                            "untouched": bool((caches[VLLM_LAYERS[0]][:, 12] == 0).all())}}))
     """)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["n"] == 3 * VLLM_BLOCK and out["async"] is False
-    assert out["loads"] == [3] and out["saves"] == [] and out["errors"] == []
+    assert out["n"] == 3 * VLLM_BLOCK and out["async"] is True
+    assert out["loads"] == [3] and out["saves"] == [] and out["loaded"] == {"reader": 3}
     assert out["digest"] == want and out["untouched"]
 
 
@@ -101,17 +102,17 @@ def test_partial_local_hit_loads_only_the_rest(members, tenant):
     _prefill_and_save(members, tenant, [3, 4, 5, 6])
     sched, worker, caches = vllm_connectors(members, tenant)
     req = vllm_request("r", PROMPT)
-    assert sched.get_num_new_matched_tokens(req, VLLM_BLOCK) == (2 * VLLM_BLOCK, False)
-    assert sched.get_num_new_matched_tokens(req, 3 * VLLM_BLOCK) == (0, False)
+    assert vllm_match(sched, req, VLLM_BLOCK) == (2 * VLLM_BLOCK, True)
+    assert vllm_match(sched, req, 3 * VLLM_BLOCK) == (0, False)
 
 
-def test_load_failure_reports_blocks_without_writing_them(members, tenant):
+def test_short_load_reports_the_prefix_without_writing_the_rest(members, tenant):
     import dfkv
 
     _, writer, _ = _prefill_and_save(members, tenant, [3, 4, 5, 6], seed=5)
     sched, worker, caches = vllm_connectors(members, tenant)
     req = vllm_request("r", PROMPT)
-    n, _ = sched.get_num_new_matched_tokens(req, 0)
+    n, _ = vllm_match(sched, req, 0)
     assert n == 3 * VLLM_BLOCK
     # Between lookup and load, block 1's object becomes short and block 2's disappears.
     hashes = [bytes(h) for h in req.block_hashes]
@@ -124,8 +125,8 @@ def test_load_failure_reports_blocks_without_writing_them(members, tenant):
     sched.update_state_after_alloc(req, vllm_blocks(ids), n)
     req.num_computed_tokens = n
     vllm_step(sched, worker, [req], {"r": ids})
-    assert worker.get_block_ids_with_load_errors() == {10, 11}
-    assert worker.get_block_ids_with_load_errors() == set()  # reported once
+    assert worker.loaded_last == {"r": 1}  # only block 0 arrived whole: vLLM recomputes 1..2
+    assert worker.get_block_ids_with_load_errors() == set()  # never the failing policy's path
     for t in caches.values():
         assert (t[:, 10] == 7).all() and (t[:, 11] == 7).all()  # not corrupted
         assert not (t[:, 9] == 7).all()  # block 0 arrived
@@ -139,15 +140,15 @@ def test_mla_rank0_writes_one_shared_object(members, tenant):
     _fill(c1, 4)
     ids = [3, 4, 5, 6]
     req = vllm_request("w", PROMPT)
-    s1.get_num_new_matched_tokens(req, 0)
+    vllm_match(s1, req, 0)
     s1.update_state_after_alloc(req, vllm_blocks(ids), 0)
     vllm_step(s1, w1, [req], {"w": ids})  # rank 1: plans saves, writes nothing
-    assert s0.get_num_new_matched_tokens(vllm_request("q", PROMPT), 0) == (0, False)
+    assert vllm_match(s0, vllm_request("q", PROMPT), 0) == (0, False)
     req = vllm_request("w0", PROMPT)
-    s0.get_num_new_matched_tokens(req, 0)
+    vllm_match(s0, req, 0)
     s0.update_state_after_alloc(req, vllm_blocks(ids), 0)
     vllm_step(s0, w0, [req], {"w0": ids})
-    assert s1.get_num_new_matched_tokens(vllm_request("q", PROMPT), 0) == (3 * VLLM_BLOCK, False)
+    assert vllm_match(s1, vllm_request("q", PROMPT), 0) == (3 * VLLM_BLOCK, True)
 
 
 def test_dead_node_is_misses_fast(tenant):
@@ -160,14 +161,64 @@ def test_dead_node_is_misses_fast(tenant):
     t0 = time.monotonic()
     sched, worker, caches = vllm_connectors(f"n1=127.0.0.1:{port}", tenant)
     req = vllm_request("r", PROMPT)
-    assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert vllm_match(sched, req, 0) == (0, False)
     for t in caches.values():
         t.fill_(1)
-    # a plan that claims a hit (as if the node died after the lookup): blocks are reported
-    sched._lookups["r"] = (0, 3)
+    # a plan that claims a hit (as if the node died after the lookup): nothing arrives
+    from dfkv.connectors.vllm_v1 import _Lookup
+
+    sched._lookups["r"] = _Lookup(0, hits=3)
     sched.update_state_after_alloc(req, vllm_blocks([2, 3, 4, 5]), 3 * VLLM_BLOCK)
     req.num_computed_tokens = 3 * VLLM_BLOCK
     vllm_step(sched, worker, [req], {"r": [2, 3, 4, 5]})  # load fails, save is dropped
-    assert worker.get_block_ids_with_load_errors() == {2, 3, 4}
+    assert worker.loaded_last == {"r": 0}
     assert all((t == 1).all() for t in caches.values())
     assert time.monotonic() - t0 < 30
+
+
+def _kernel_split_caches():
+    # vLLM 0.33 [B, H, N, C] views with a kernel split of 2: B = num_blocks x 2 kernel blocks
+    # of VLLM_BLOCK/2 tokens, a block's kernel blocks in consecutive rows
+    from engine_support import VLLM_HEAD, VLLM_HEADS, VLLM_LAYERS, VLLM_NUM_BLOCKS
+
+    return {n: torch.zeros(VLLM_NUM_BLOCKS * 2, 2 * VLLM_HEADS, VLLM_BLOCK // 2, VLLM_HEAD, dtype=torch.bfloat16)
+            for n in VLLM_LAYERS}
+
+
+def test_kernel_split_views_and_raw_buffers_round_trip(members, tenant):
+    from engine_support import VLLM_LAYERS, VLLM_NUM_BLOCKS
+
+    for make in (_kernel_split_caches,
+                 lambda: {n: torch.zeros(VLLM_NUM_BLOCKS * 512, dtype=torch.uint8) for n in VLLM_LAYERS}):
+        t = "t-" + uuid.uuid4().hex[:12]
+        sched, worker, _ = vllm_connectors(members, t)
+        caches = make()
+        worker.register_kv_caches(caches)
+        g = torch.Generator().manual_seed(9)
+        for c in caches.values():
+            c.copy_(torch.randint(0, 255, c.shape, generator=g).to(c.dtype))
+        req = vllm_request("w", PROMPT)
+        vllm_match(sched, req, 0)
+        sched.update_state_after_alloc(req, vllm_blocks([3, 4, 5, 6]), 0)
+        vllm_step(sched, worker, [req], {"w": [3, 4, 5, 6]})
+        rs, rw, _ = vllm_connectors(members, t)
+        back = make()
+        rw.register_kv_caches(back)
+        req = vllm_request("r", PROMPT)
+        n, _ = vllm_match(rs, req, 0)
+        assert n == 3 * VLLM_BLOCK
+        rs.update_state_after_alloc(req, vllm_blocks([9, 10, 11, 12]), n)
+        req.num_computed_tokens = n
+        vllm_step(rs, rw, [req], {"r": [9, 10, 11, 12]})
+        assert rw.loaded_last == {"r": 3}
+        for name in caches:
+            a = caches[name].view(VLLM_NUM_BLOCKS, -1)
+            b = back[name].view(VLLM_NUM_BLOCKS, -1)
+            assert torch.equal(a[3:6], b[9:12])  # block by block, every kernel block
+            assert not b[12].any()
+
+
+def test_unknown_layout_refuses_at_start(members, tenant):
+    _, worker, _ = vllm_connectors(members, tenant)
+    with pytest.raises(ValueError, match=r"layer .*shape \(7, 5\).*not supported"):
+        worker.register_kv_caches({"model.layers.0.self_attn.attn": torch.zeros(7, 5)})

@@ -181,6 +181,12 @@ int main(void) {
   }
   CHECK(dfkv_batch_exist(c, keys, klens, N, ok) == 0, "batch_exist");
   for (int i = 0; i < N; i++) CHECK(ok[i] == (i != 3), "batch_exist item %d", i);
+  /* the default slab server leases hits (1); key 3 is absent (0) */
+  CHECK(dfkv_batch_exist_lease(c, keys, klens, N, 5000, ok) == 0, "batch_exist_lease");
+  for (int i = 0; i < N; i++) CHECK(ok[i] == (i != 3), "batch_exist_lease item %d ok=%d", i, ok[i]);
+  CHECK(dfkv_batch_exist_lease(c, keys, klens, N, 0, NULL) == -1, "NULL out_ok accepted by exist_lease");
+  /* the test server runs with --max-msg 32MiB */
+  CHECK(dfkv_max_value_size(c) == (32u << 20), "max_value_size %llu", (unsigned long long)dfkv_max_value_size(c));
   CHECK(dfkv_batch_remove(c, keys, klens, N, ok) == 0, "batch_remove");
   /* item 3 was never stored: absent counts as removed, like dfkv_remove */
   for (int i = 0; i < N; i++) CHECK(ok[i] == 1, "batch_remove item %d", i);
@@ -247,6 +253,8 @@ int main(void) {
   CHECK(strcmp(dfkv_transport_mode(c), "closed") == 0, "transport mode of a closed client");
   CHECK(strstr(dfkv_last_error(c), "closed") != NULL, "last error on a closed client: '%s'", dfkv_last_error(c));
   CHECK(dfkv_max_sg_segs(c) == 0, "max_sg_segs of a closed client");
+  CHECK(dfkv_max_value_size(c) == 0, "max_value_size of a closed client");
+  CHECK(dfkv_batch_exist_lease(c, keys, klens, N, 0, ok) == -1 && ok[0] == 0, "exist_lease on closed client");
   dfkv_close(c); /* double close is harmless */
   for (int i = 0; i < N; i++) {
     free(vals[i]);

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/store/file"
@@ -216,4 +217,28 @@ func OpenDirs(o Options) (*Group, error) {
 		members = append(members, e)
 	}
 	return New(members)
+}
+
+// Lease leases key on its owning disk (a lookup without a lease where that disk's engine
+// has none).
+func (g *Group) Lease(key store.Key, ttl time.Duration) (int64, bool, error) {
+	return store.Lease(g.members[g.Route(key)], key, ttl)
+}
+
+// ReleaseLease ends key's lease on its owning disk.
+func (g *Group) ReleaseLease(key store.Key) {
+	if l, ok := store.Find[store.Leaser](g.members[g.Route(key)]); ok {
+		l.ReleaseLease(key)
+	}
+}
+
+// LeaseStats sums the members' lease tables.
+func (g *Group) LeaseStats() store.LeaseStats {
+	var s store.LeaseStats
+	for _, m := range g.members {
+		if l, ok := store.Find[store.Leaser](m); ok {
+			s.Add(l.LeaseStats())
+		}
+	}
+	return s
 }

@@ -184,6 +184,7 @@ type Tier struct {
 	shards  []shard
 	stripes [stripes]stripe
 	flights *coalesce.Group // nil without coalescing
+	leaser  store.Leaser    // the backing engine's leases; nil when it has none
 
 	observer atomic.Pointer[store.RemovalObserver]
 	closed   atomic.Bool
@@ -202,6 +203,7 @@ var (
 	_ store.Lister       = (*Tier)(nil)
 	_ store.RAMTier      = (*Tier)(nil)
 	_ store.Coalescer    = (*Tier)(nil)
+	_ store.Leaser       = (*Tier)(nil)
 )
 
 // errNoRoom: no slot could be made in time; the request goes around the tier.
@@ -244,6 +246,7 @@ func New(backing store.Engine, cfg Config) (*Tier, error) {
 		t.cfg.DirtyBytes = total
 	}
 	store.SetRemovalObserver(backing, t.backingRemoved)
+	t.leaser, _ = store.Find[store.Leaser](backing)
 	if cfg.Policy == WriteBack {
 		t.startFlushers()
 	}
@@ -300,6 +303,7 @@ func (t *Tier) Get(key store.Key, fn func([]byte) error) error {
 		// The disk engine's eviction must see this use, or it evicts (and so drops from
 		// RAM) exactly the values that are hot enough never to reach it.
 		store.Touch(t.backing, key)
+		t.ReleaseLease(key) // served from RAM: the disk copy's lease is consumed
 		return fn(t.arena[s.off : s.off+int64(s.length)])
 	}
 	t.misses.Add(1)
@@ -405,6 +409,7 @@ func (t *Tier) ReadInto(key store.Key, dst []byte) (int, error) {
 		}
 		t.hits.Add(1)
 		store.Touch(t.backing, key)
+		t.ReleaseLease(key)
 		return copy(dst, t.arena[s.off:s.off+int64(s.length)]), nil
 	}
 	return store.ReadInto(t.backing, key, dst)
@@ -595,4 +600,32 @@ func (t *Tier) Close() error {
 		err = fmt.Errorf("ramtier: unmap arena: %w", uerr)
 	}
 	return err
+}
+
+// ---- leases ----
+
+// Lease leases key in the backing engine. The arena needs no lease of its own: it only
+// ever holds values that are on disk, so dropping a RAM copy never loses one; what a lease
+// must protect is the disk copy, against capacity eviction.
+func (t *Tier) Lease(key store.Key, ttl time.Duration) (int64, bool, error) {
+	if err := t.enter(); err != nil {
+		return 0, false, err
+	}
+	defer t.leave()
+	return store.Lease(t.backing, key, ttl)
+}
+
+// ReleaseLease ends key's lease in the backing engine.
+func (t *Tier) ReleaseLease(key store.Key) {
+	if t.leaser != nil {
+		t.leaser.ReleaseLease(key)
+	}
+}
+
+// LeaseStats reports the backing engine's lease table.
+func (t *Tier) LeaseStats() store.LeaseStats {
+	if t.leaser == nil {
+		return store.LeaseStats{}
+	}
+	return t.leaser.LeaseStats()
 }

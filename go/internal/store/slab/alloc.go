@@ -253,6 +253,7 @@ func (e *Engine) assignLocked(ext *extent, ci int) {
 // evictGlobalLocked runs the global CLOCK over all extents until need bytes are evicted
 // or two sweeps found nothing more. Pinned and recently referenced values are skipped.
 func (e *Engine) evictGlobalLocked(need int64, victims []*slot) []*slot {
+	e.leases.Prune() // expired leases stop protecting their slots before the scan
 	total := 0
 	for _, ext := range e.extents {
 		total += len(ext.slots)
@@ -268,7 +269,7 @@ func (e *Engine) evictGlobalLocked(need int64, victims []*slot) []*slot {
 		}
 		s := &ext.slots[e.handSlot]
 		e.handSlot++
-		if s.state != slotLive || s.pins.Load() > 0 || s.ref.Swap(false) {
+		if s.state != slotLive || s.pins.Load() > 0 || s.leased.Load() || s.ref.Swap(false) {
 			continue
 		}
 		e.evictLocked(s)
@@ -283,11 +284,13 @@ func (e *Engine) evictGlobalLocked(need int64, victims []*slot) []*slot {
 // (the size mix shifted), else evicts ci's CLOCK victim.
 func (e *Engine) reclaimLocked(ci int) []*slot {
 	c := &e.classes[ci]
+	e.leases.Prune()
 	var steal *extent
 	stealPinned := true
 	for _, ext := range e.extents {
 		// An extent with an in-flight Put would be refilled behind the drain's back.
-		if ext.class < 0 || ext.class == ci || ext.draining || ext.reserved > 0 {
+		// A leased value must survive until it is read, so its extent is not drained.
+		if ext.class < 0 || ext.class == ci || ext.draining || ext.reserved > 0 || ext.leases.Load() > 0 {
 			continue
 		}
 		pinned := ext.pins.Load() > 0
@@ -353,7 +356,7 @@ func (e *Engine) clockVictimLocked(ci int) *slot {
 		}
 		s := &ext.slots[c.handSlot]
 		c.handSlot++
-		if s.state != slotLive || s.pins.Load() > 0 || s.ref.Swap(false) {
+		if s.state != slotLive || s.pins.Load() > 0 || s.leased.Load() || s.ref.Swap(false) {
 			continue
 		}
 		return s

@@ -48,6 +48,9 @@ type Config struct {
 	LowWatermark  float64
 	// BufferPoolBytes bounds the idle aligned I/O buffers kept for reuse (default 256 MiB).
 	BufferPoolBytes int64
+	// LeaseShare is the share of CapacityBytes that leased values (store.Leaser) may hold
+	// at once (default store.DefaultLeaseShare; negative: no leases are granted).
+	LeaseShare float64
 	// ColdStartAfterCrash discards every record at Open when the previous run did not stop
 	// cleanly. Off by default: the write ordering already keeps records trustworthy.
 	ColdStartAfterCrash bool
@@ -73,6 +76,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FS == nil {
 		c.FS = vfs.Default
+	}
+	if c.LeaseShare == 0 {
+		c.LeaseShare = store.DefaultLeaseShare
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -103,6 +109,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.LowWatermark > 0 && c.LowWatermark < c.HighWatermark && c.HighWatermark <= 1) {
 		bad("watermarks low=%v high=%v: need 0 < low < high <= 1", c.LowWatermark, c.HighWatermark)
+	}
+	if c.LeaseShare > 0.9 {
+		bad("lease share %v above 0.9 would leave eviction too little to work with", c.LeaseShare)
 	}
 	if c.BufferPoolBytes < 0 {
 		bad("buffer pool size %d is negative", c.BufferPoolBytes)

@@ -38,6 +38,7 @@ var (
 	_ store.Observable   = (*Engine)(nil)
 	_ store.Lister       = (*Engine)(nil)
 	_ store.Toucher      = (*Engine)(nil)
+	_ store.Leaser       = (*Engine)(nil)
 )
 
 // Engine is a slab engine over one directory. It is safe for concurrent use.
@@ -74,6 +75,7 @@ type Engine struct {
 	handExt   int           // global CLOCK hand for watermark eviction
 	handSlot  int
 
+	leases    *store.Leases // eviction skips leased slots (slot.leased, extent.leases)
 	observer  atomic.Pointer[store.RemovalObserver]
 	closed    atomic.Bool
 	inflight  atomic.Int64
@@ -112,6 +114,7 @@ type extent struct {
 	draining   bool
 	stuck      bool // draining, but holds a quarantined slot so it will never empty
 	pins       atomic.Int32
+	leases     atomic.Int32 // leased slots: such an extent is not drained
 	lastAccess atomic.Int64
 }
 
@@ -134,6 +137,7 @@ type slot struct {
 	key    store.Key
 
 	pins     atomic.Int32
+	leased   atomic.Bool // holds a lease: eviction skips it
 	ref      atomic.Bool // CLOCK reference bit
 	tombDone atomic.Bool // the tombstone of the current occupant is durable
 	released atomic.Bool // returned to the free list for the current occupancy
@@ -156,6 +160,7 @@ func Open(cfg Config) (*Engine, error) {
 		fs:        cfg.FS,
 		releaseCh: make(chan struct{}),
 	}
+	e.leases = store.NewLeases(int64(max(cfg.LeaseShare, 0)*float64(cfg.CapacityBytes)), leaseChanged)
 	for _, size := range sizeClasses(cfg.MaxValueBytes) {
 		e.classes = append(e.classes, class{size: size})
 	}
@@ -438,6 +443,7 @@ func (e *Engine) SetRemovalObserver(fn store.RemovalObserver) {
 }
 
 func (e *Engine) observeLocked(k store.Key, size int64, why store.RemovalReason) {
+	e.leases.Release(k) // the leased value left; a lease never outlives it
 	if fn := e.observer.Load(); fn != nil {
 		(*fn)(k, size, why)
 	}

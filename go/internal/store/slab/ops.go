@@ -5,6 +5,7 @@ package slab
 import (
 	"fmt"
 	"hash/crc32"
+	"time"
 	"unsafe"
 
 	"github.com/dfkv/dfkv/go/internal/store"
@@ -162,6 +163,7 @@ func (e *Engine) Get(key store.Key, fn func(value []byte) error) error {
 	if err != nil {
 		return err
 	}
+	e.leases.Release(key) // the announced read happened
 	return fn(buf[:length])
 }
 
@@ -183,7 +185,11 @@ func (e *Engine) ReadInto(key store.Key, dst []byte) (int, error) {
 	if length := int64(s.length); alignUp(length) > int64(len(dst)) {
 		return int(length), fmt.Errorf("slab: read %s: %d-byte value into %d bytes: %w", key.ID, length, len(dst), store.ErrBufferTooSmall)
 	}
-	return e.readPinned(key, s, dst)
+	n, err := e.readPinned(key, s, dst)
+	if err == nil {
+		e.leases.Release(key) // the announced read happened
+	}
+	return n, err
 }
 
 // pin looks key up and pins its slot (and extent) against reuse.
@@ -367,5 +373,46 @@ func (e *Engine) finishTombstones(ok []*slot, syncErr error) {
 		}
 		s.tombDone.Store(true)
 		e.tryRelease(s)
+	}
+}
+
+// Lease implements store.Leaser. It runs under the allocator lock so that an eviction scan
+// never sees a slot half-leased: a slot is either leased before the scan looks at it or
+// the scan evicted it first and the lookup answers NotFound.
+func (e *Engine) Lease(key store.Key, ttl time.Duration) (int64, bool, error) {
+	if err := e.enter(); err != nil {
+		return 0, false, err
+	}
+	defer e.leave()
+	e.allocMu.Lock()
+	defer e.allocMu.Unlock()
+	sh := e.shardOf(key)
+	sh.mu.RLock()
+	s := sh.m[key]
+	sh.mu.RUnlock()
+	if s == nil || s.state != slotLive {
+		return 0, false, fmt.Errorf("slab: lease %s: %w", key.ID, store.ErrNotFound)
+	}
+	return int64(s.length), e.leases.Grant(key, s.ext.slotSize, ttl, s), nil
+}
+
+// ReleaseLease implements store.Leaser.
+func (e *Engine) ReleaseLease(key store.Key) { e.leases.Release(key) }
+
+// LeaseStats implements store.Leaser.
+func (e *Engine) LeaseStats() store.LeaseStats { return e.leases.Stats() }
+
+// Leases exposes the lease table (tests force expiry through its clock).
+func (e *Engine) Leases() *store.Leases { return e.leases }
+
+// leaseChanged keeps the lock-free flags the eviction scans read in step with the table.
+func leaseChanged(tag any, held bool) {
+	s := tag.(*slot)
+	if s.leased.Swap(held) != held {
+		if held {
+			s.ext.leases.Add(1)
+		} else {
+			s.ext.leases.Add(-1)
+		}
 	}
 }

@@ -10,57 +10,60 @@ import (
 type Op byte
 
 const (
-	OpInvalid     Op = 0
-	OpPing        Op = 1
-	OpHello       Op = 2
-	OpPut         Op = 3
-	OpGet         Op = 4
-	OpExist       Op = 5
-	OpRemove      Op = 6
-	OpBatchPut    Op = 7
-	OpBatchGet    Op = 8
-	OpBatchExist  Op = 9
-	OpBatchRemove Op = 10
-	OpStats       Op = 11
-	OpSgPut       Op = 12
-	OpSgGet       Op = 13
-	OpMds         Op = 14
+	OpInvalid         Op = 0
+	OpPing            Op = 1
+	OpHello           Op = 2
+	OpPut             Op = 3
+	OpGet             Op = 4
+	OpExist           Op = 5
+	OpRemove          Op = 6
+	OpBatchPut        Op = 7
+	OpBatchGet        Op = 8
+	OpBatchExist      Op = 9
+	OpBatchRemove     Op = 10
+	OpStats           Op = 11
+	OpSgPut           Op = 12
+	OpSgGet           Op = 13
+	OpMds             Op = 14
+	OpBatchExistLease Op = 15
 )
 
 var EnumNamesOp = map[Op]string{
-	OpInvalid:     "Invalid",
-	OpPing:        "Ping",
-	OpHello:       "Hello",
-	OpPut:         "Put",
-	OpGet:         "Get",
-	OpExist:       "Exist",
-	OpRemove:      "Remove",
-	OpBatchPut:    "BatchPut",
-	OpBatchGet:    "BatchGet",
-	OpBatchExist:  "BatchExist",
-	OpBatchRemove: "BatchRemove",
-	OpStats:       "Stats",
-	OpSgPut:       "SgPut",
-	OpSgGet:       "SgGet",
-	OpMds:         "Mds",
+	OpInvalid:         "Invalid",
+	OpPing:            "Ping",
+	OpHello:           "Hello",
+	OpPut:             "Put",
+	OpGet:             "Get",
+	OpExist:           "Exist",
+	OpRemove:          "Remove",
+	OpBatchPut:        "BatchPut",
+	OpBatchGet:        "BatchGet",
+	OpBatchExist:      "BatchExist",
+	OpBatchRemove:     "BatchRemove",
+	OpStats:           "Stats",
+	OpSgPut:           "SgPut",
+	OpSgGet:           "SgGet",
+	OpMds:             "Mds",
+	OpBatchExistLease: "BatchExistLease",
 }
 
 var EnumValuesOp = map[string]Op{
-	"Invalid":     OpInvalid,
-	"Ping":        OpPing,
-	"Hello":       OpHello,
-	"Put":         OpPut,
-	"Get":         OpGet,
-	"Exist":       OpExist,
-	"Remove":      OpRemove,
-	"BatchPut":    OpBatchPut,
-	"BatchGet":    OpBatchGet,
-	"BatchExist":  OpBatchExist,
-	"BatchRemove": OpBatchRemove,
-	"Stats":       OpStats,
-	"SgPut":       OpSgPut,
-	"SgGet":       OpSgGet,
-	"Mds":         OpMds,
+	"Invalid":         OpInvalid,
+	"Ping":            OpPing,
+	"Hello":           OpHello,
+	"Put":             OpPut,
+	"Get":             OpGet,
+	"Exist":           OpExist,
+	"Remove":          OpRemove,
+	"BatchPut":        OpBatchPut,
+	"BatchGet":        OpBatchGet,
+	"BatchExist":      OpBatchExist,
+	"BatchRemove":     OpBatchRemove,
+	"Stats":           OpStats,
+	"SgPut":           OpSgPut,
+	"SgGet":           OpSgGet,
+	"Mds":             OpMds,
+	"BatchExistLease": OpBatchExistLease,
 }
 
 func (v Op) String() string {
@@ -419,10 +422,10 @@ func (rcv *BatchResult) MutateStatus(n byte) bool {
 	return rcv._tab.MutateByte(rcv._tab.Pos+flatbuffers.UOffsetT(0), n)
 }
 
-func (rcv *BatchResult) Reserved0() byte {
+func (rcv *BatchResult) Flags() byte {
 	return rcv._tab.GetByte(rcv._tab.Pos + flatbuffers.UOffsetT(1))
 }
-func (rcv *BatchResult) MutateReserved0(n byte) bool {
+func (rcv *BatchResult) MutateFlags(n byte) bool {
 	return rcv._tab.MutateByte(rcv._tab.Pos+flatbuffers.UOffsetT(1), n)
 }
 
@@ -454,13 +457,13 @@ func (rcv *BatchResult) MutatePayloadLen(n uint64) bool {
 	return rcv._tab.MutateUint64(rcv._tab.Pos+flatbuffers.UOffsetT(16), n)
 }
 
-func CreateBatchResult(builder *flatbuffers.Builder, status byte, reserved0 byte, reserved1 uint16, reserved2 uint32, valueLen uint64, payloadLen uint64) flatbuffers.UOffsetT {
+func CreateBatchResult(builder *flatbuffers.Builder, status byte, flags byte, reserved1 uint16, reserved2 uint32, valueLen uint64, payloadLen uint64) flatbuffers.UOffsetT {
 	builder.Prep(8, 24)
 	builder.PrependUint64(payloadLen)
 	builder.PrependUint64(valueLen)
 	builder.PrependUint32(reserved2)
 	builder.PrependUint16(reserved1)
-	builder.PrependByte(reserved0)
+	builder.PrependByte(flags)
 	builder.PrependByte(status)
 	return builder.Offset()
 }
