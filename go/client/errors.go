@@ -21,6 +21,9 @@ var (
 	// ErrForbidden: the server runs with tenant tokens and this client's token (Options.Token)
 	// is missing, unknown, revoked, or does not grant the op on the client's tenant.
 	ErrForbidden = errors.New("dfkv: forbidden")
+	// ErrBusy: the node could not take the write fast enough (its write-back dirty budget
+	// stayed full for the bounded wait). Nothing was stored; retry later.
+	ErrBusy = errors.New("dfkv: node busy")
 )
 
 func statusErr(st fb.Status) error {
@@ -45,6 +48,8 @@ func statusErr(st fb.Status) error {
 		return ErrBufferTooSmall
 	case fb.StatusForbidden:
 		return ErrForbidden
+	case fb.StatusBusy:
+		return ErrBusy
 	default:
 		return ErrProtocol
 	}

@@ -101,7 +101,7 @@ func TestWriteBackKillDuringOverwriteStorm(t *testing.T) {
 					case err == nil:
 						st.acked, st.pending = ver, st.pending[:0]
 						acks.Add(1)
-					case errors.Is(err, client.ErrCacheFull): // Busy: refused, nothing stored
+					case errors.Is(err, client.ErrBusy): // refused, nothing stored
 						st.pending = st.pending[:len(st.pending)-1]
 						busy.Add(1)
 					default:
@@ -139,7 +139,7 @@ func TestWriteBackKillDuringOverwriteStorm(t *testing.T) {
 }
 
 // With the flushers stalled (fault injection) the dirty budget fills: PUTs are refused
-// (Busy, sent as CacheFull) after a bounded wait, and SIGTERM with the budget full
+// (Busy) after a bounded wait, and SIGTERM with the budget full
 // flushes every acknowledged write, overwrites of durable values included.
 func TestWriteBackStalledFlusherBusyThenSIGTERMFlushesAll(t *testing.T) {
 	if engine() == "mem" {
@@ -182,7 +182,7 @@ func TestWriteBackStalledFlusherBusyThenSIGTERMFlushesAll(t *testing.T) {
 		switch {
 		case err == nil:
 			keys = append(keys, wbKey{acked: 0})
-		case errors.Is(err, client.ErrCacheFull):
+		case errors.Is(err, client.ErrBusy):
 			refused++
 			keys = append(keys, wbKey{acked: -1})
 		default:

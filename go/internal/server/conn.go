@@ -256,9 +256,9 @@ func statusOf(err error) fb.Status {
 		return fb.StatusOk
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrCorrupt):
 		return fb.StatusNotFound
-	case errors.Is(err, store.ErrCacheFull), errors.Is(err, store.ErrBusy):
-		// Busy (write-back dirty budget full) has no wire status of its own yet: like
-		// CacheFull it means "not stored, nothing lost, try later".
+	case errors.Is(err, store.ErrBusy):
+		return fb.StatusBusy
+	case errors.Is(err, store.ErrCacheFull):
 		return fb.StatusCacheFull
 	case errors.Is(err, ErrQuotaExceeded):
 		return fb.StatusQuotaExceeded

@@ -19,7 +19,7 @@ func TestStatusOf(t *testing.T) {
 		{store.ErrCorrupt, fb.StatusNotFound},
 		{store.ErrCacheFull, fb.StatusCacheFull},
 		// A write-back tier's full dirty budget: not stored, nothing lost, retry later.
-		{fmt.Errorf("ramtier: budget: %w", store.ErrBusy), fb.StatusCacheFull},
+		{fmt.Errorf("ramtier: budget: %w", store.ErrBusy), fb.StatusBusy},
 		{store.ErrQuotaExceeded, fb.StatusQuotaExceeded},
 		{store.ErrTooLarge, fb.StatusInvalid},
 		{errors.New("disk on fire"), fb.StatusIOError},

@@ -26,7 +26,7 @@ const (
 )
 
 // MaxStatus is the highest status this build knows; a larger one is ErrMalformed.
-const MaxStatus = fb.StatusForbidden
+const MaxStatus = fb.StatusBusy
 
 // MaxTokenLen bounds the tenant token carried in Hello and MdsRequest.
 const MaxTokenLen = 4096

@@ -37,6 +37,7 @@ class Status(object):
     NoCompatibleRail = 8
     BufferTooSmall = 9
     Forbidden = 10
+    Busy = 11
 
 
 class RequestHeader(object):

@@ -87,6 +87,7 @@ const (
 	StatusNoCompatibleRail Status = 8
 	StatusBufferTooSmall   Status = 9
 	StatusForbidden        Status = 10
+	StatusBusy             Status = 11
 )
 
 var EnumNamesStatus = map[Status]string{
@@ -101,6 +102,7 @@ var EnumNamesStatus = map[Status]string{
 	StatusNoCompatibleRail: "NoCompatibleRail",
 	StatusBufferTooSmall:   "BufferTooSmall",
 	StatusForbidden:        "Forbidden",
+	StatusBusy:             "Busy",
 }
 
 var EnumValuesStatus = map[string]Status{
@@ -115,6 +117,7 @@ var EnumValuesStatus = map[string]Status{
 	"NoCompatibleRail": StatusNoCompatibleRail,
 	"BufferTooSmall":   StatusBufferTooSmall,
 	"Forbidden":        StatusForbidden,
+	"Busy":             StatusBusy,
 }
 
 func (v Status) String() string {
