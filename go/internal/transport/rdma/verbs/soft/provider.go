@@ -135,7 +135,7 @@ type device struct {
 	mrs     map[uint32]*mr
 	qps     map[uint32]*qp
 	inbound map[net.Conn]struct{} // accepted streams not yet bound to a QP
-	done    chan struct{}          // closed when the last context closes
+	done    chan struct{}         // closed when the last context closes
 }
 
 func (d *device) info() verbs.DeviceInfo {

@@ -280,30 +280,31 @@ func (q *qp) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	return len(wrs), nil
 }
 
-// takeRecv pops the oldest posted receive, waiting up to the RNR timeout for one.
-func (q *qp) takeRecv(stop chan struct{}) (verbs.RecvWR, bool) {
+// takeRecv pops the oldest posted receive, waiting up to the RNR timeout for one. It
+// returns false with stopped set when the QP left service meanwhile (no NAK is due then).
+func (q *qp) takeRecv(stop chan struct{}) (r verbs.RecvWR, ok, stopped bool) {
 	t := time.NewTimer(q.d.p.opt.RNRTimeout)
 	defer t.Stop()
 	for {
 		q.mu.Lock()
 		if q.state == verbs.QPErr || q.closed {
 			q.mu.Unlock()
-			return verbs.RecvWR{}, false
+			return verbs.RecvWR{}, false, true
 		}
 		if len(q.rq) > 0 {
 			r := q.rq[0]
 			q.rq = q.rq[1:]
 			q.mu.Unlock()
-			return r, true
+			return r, true, false
 		}
 		ch := q.rqCh
 		q.mu.Unlock()
 		select {
 		case <-ch:
 		case <-stop:
-			return verbs.RecvWR{}, false
+			return verbs.RecvWR{}, false, true
 		case <-t.C:
-			return verbs.RecvWR{}, false
+			return verbs.RecvWR{}, false, false
 		}
 	}
 }
@@ -496,7 +497,10 @@ func (q *qp) sendLoop(stop chan struct{}) {
 			m.mu.RUnlock()
 		}
 		if err != nil {
-			q.fail(nil, verbs.StatusRetryExcErr)
+			// The peer closed or stopped reading. Its answers to what it did read (a NAK
+			// that explains the close) are still in the stream: the ack loop reads them
+			// and then fails the QP on EOF or on its deadline.
+			q.d.p.opt.Logger.Debug("soft: requester write", "qp", q.num, "err", err)
 			return
 		}
 	}
@@ -665,11 +669,14 @@ func (q *qp) respondLoop(c net.Conn, stop chan struct{}) {
 			}
 			var rwr verbs.RecvWR
 			if req.kind == kWriteWithImm {
-				if rwr, ok = q.takeRecv(stop); !ok {
+				var stopped bool
+				if rwr, ok, stopped = q.takeRecv(stop); !ok {
 					if m != nil {
 						m.mu.RUnlock()
 					}
-					nak(req.psn, verbs.StatusRNRRetryExcErr)
+					if !stopped {
+						nak(req.psn, verbs.StatusRNRRetryExcErr)
+					}
 					return
 				}
 			}
@@ -688,9 +695,11 @@ func (q *qp) respondLoop(c net.Conn, stop chan struct{}) {
 			}
 		case kSend, kSendWithImm:
 			op = verbs.OpSend
-			rwr, ok := q.takeRecv(stop)
+			rwr, ok, stopped := q.takeRecv(stop)
 			if !ok {
-				nak(req.psn, verbs.StatusRNRRetryExcErr)
+				if !stopped {
+					nak(req.psn, verbs.StatusRNRRetryExcErr)
+				}
 				return
 			}
 			st, err := q.scatter(c, rwr, req.length)
