@@ -116,17 +116,24 @@ func TestBadTails(t *testing.T) {
 		}
 	}
 	answers := map[string]func(a *Tail){
-		"two segments":      func(a *Tail) { a.Segments = append(a.Segments, a.Segments[0]) },
-		"no segment":        func(a *Tail) { a.Segments = nil },
-		"wrong slot size":   func(a *Tail) { a.Segments[0].SlotBytes += 4096; a.Segments[0].Length = a.Segments[0].SlotBytes * uint64(a.Depth) },
-		"slots != depth":    func(a *Tail) { a.Segments[0].Slots++ },
-		"short segment":     func(a *Tail) { a.Segments[0].Length -= 1 },
-		"rkey 0":            func(a *Tail) { a.Segments[0].RKey = 0 },
-		"addr 0":            func(a *Tail) { a.Segments[0].Addr = 0 },
-		"wrapping segment":  func(a *Tail) { a.Segments[0].Addr = ^uint64(0) - 10 },
-		"deeper than offer": func(a *Tail) { a.Depth = o.Depth + 1; a.Segments[0].Slots = a.Depth; a.Segments[0].Length = uint64(a.Depth) * a.Segments[0].SlotBytes },
-		"other block":       func(a *Tail) { a.MaxBlock = o.MaxBlock / 2 },
-		"more targets":      func(a *Tail) { a.MaxTargets = o.MaxTargets + 1 },
+		"two segments": func(a *Tail) { a.Segments = append(a.Segments, a.Segments[0]) },
+		"no segment":   func(a *Tail) { a.Segments = nil },
+		"wrong slot size": func(a *Tail) {
+			a.Segments[0].SlotBytes += 4096
+			a.Segments[0].Length = a.Segments[0].SlotBytes * uint64(a.Depth)
+		},
+		"slots != depth":   func(a *Tail) { a.Segments[0].Slots++ },
+		"short segment":    func(a *Tail) { a.Segments[0].Length -= 1 },
+		"rkey 0":           func(a *Tail) { a.Segments[0].RKey = 0 },
+		"addr 0":           func(a *Tail) { a.Segments[0].Addr = 0 },
+		"wrapping segment": func(a *Tail) { a.Segments[0].Addr = ^uint64(0) - 10 },
+		"deeper than offer": func(a *Tail) {
+			a.Depth = o.Depth + 1
+			a.Segments[0].Slots = a.Depth
+			a.Segments[0].Length = uint64(a.Depth) * a.Segments[0].SlotBytes
+		},
+		"other block":  func(a *Tail) { a.MaxBlock = o.MaxBlock / 2 },
+		"more targets": func(a *Tail) { a.MaxTargets = o.MaxTargets + 1 },
 	}
 	for name, mut := range answers {
 		a := answerV2(o)
