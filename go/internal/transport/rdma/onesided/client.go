@@ -1,0 +1,432 @@
+package onesided
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sort"
+	"sync"
+
+	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
+)
+
+// Op is one request of a window. Inputs: Kind (OpPut, OpGet, OpExist, OpRemove), Tenant,
+// ID; Value (PUT, gathered in order into one stored value); Offset/Length (GET range,
+// Length 0 = to the end) and Dst (GET, scattered in order). Outputs: Status, ValueLen
+// (stored length for GET/EXIST) and N (bytes placed in Dst).
+type Op struct {
+	Kind           wire.Op
+	Tenant         uint64
+	ID             identity.ObjectID
+	Value          [][]byte
+	Offset, Length uint64
+	Dst            [][]byte
+
+	Status   wire.Status
+	ValueLen uint64
+	N        int
+}
+
+// Client is one v2 RDMA connection. Not safe for concurrent use: one owner drives its
+// window (as a dfkv pooled connection is).
+type Client struct {
+	cfg      Config
+	ctx      verbs.Context
+	pd       verbs.PD
+	scq, rcq verbs.CQ
+	qp       verbs.QP
+	tail     dcp.Tail
+	seg      dcp.Segment
+	depth    int
+	hdrBuf   *verbs.Buffer // depth pages: request prefix + targets
+	hdr      verbs.MR
+	stageBuf *verbs.Buffer // depth slots: PUT payloads / GET bounce for unregistered memory
+	stage    verbs.MR
+	respBuf  *verbs.Buffer
+	resp     verbs.MR
+	M        Metrics
+
+	mu     sync.Mutex
+	user   []verbs.MR // registered caller memory, sorted by address
+	broken error
+	next   int
+}
+
+// Dial bootstraps a v2 connection over boot (a data connection past Hello). A server that
+// answers v1 yields dcp.ErrFallbackV1: boot must then be closed and a fresh connection
+// used; a refusal yields ErrRefused with the server's reason.
+func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
+	cfg.defaults()
+	c := &Client{cfg: cfg, depth: int(cfg.Depth)}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	var port verbs.PortInfo
+	if c.ctx, port, err = pickDevice(cfg.Provider, cfg.Device); err != nil {
+		return nil, err
+	}
+	if c.pd, err = c.ctx.AllocPD(); err != nil {
+		return nil, err
+	}
+	if c.scq, err = c.ctx.CreateCQ(4*c.depth + 4); err != nil {
+		return nil, err
+	}
+	if c.rcq, err = c.ctx.CreateCQ(c.depth + 1); err != nil {
+		return nil, err
+	}
+	maxSGE := min(max(c.ctx.Info().MaxSGE, 1), 16)
+	if c.qp, err = c.pd.CreateQP(verbs.QPConfig{Type: verbs.QPTypeRC, SendCQ: c.scq, RecvCQ: c.rcq,
+		MaxSendWR: 2*c.depth + 2, MaxRecvWR: c.depth, MaxSendSGE: maxSGE, MaxRecvSGE: 1}); err != nil {
+		return nil, err
+	}
+	local := dcp.Rail{Device: c.ctx.Info().Name, Port: port.Num, LID: port.LID, GID: port.GID,
+		QPNum: c.qp.Num(), PSN: rand.Uint32() & 0xffffff, MTU: port.MTU}
+	offer := dcp.Tail{Version: dcp.V2, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, MaxTargets: min(cfg.MaxTargets, maxTargetsInSlot), Rails: []dcp.Rail{local}}
+	if err := writeFrame(boot, frameTail, dcp.Encode(offer), cfg.IOTimeout); err != nil {
+		return nil, fmt.Errorf("onesided: send offer: %w", err)
+	}
+	kind, body, err := readFrame(boot, cfg.IOTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("onesided: read answer: %w", err)
+	}
+	if kind == frameRefusal {
+		return nil, fmt.Errorf("%w: %s", ErrRefused, body)
+	}
+	ans, err := dcp.DecodeAnswer(body, offer, cfg.limits())
+	if err != nil {
+		return nil, err
+	}
+	c.tail, c.seg, c.depth = ans, ans.Segments[0], int(ans.Depth)
+	if c.hdrBuf, err = verbs.AllocBuffer(c.depth * dcp.SlotPayloadOffset); err != nil {
+		return nil, err
+	}
+	if c.hdr, err = c.pd.RegMR(c.hdrBuf.Bytes(), verbs.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	if c.stageBuf, err = verbs.AllocBuffer(c.depth * int(c.seg.SlotBytes)); err != nil {
+		return nil, err
+	}
+	if c.stage, err = c.pd.RegMR(c.stageBuf.Bytes(), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		return nil, err
+	}
+	if c.respBuf, err = verbs.AllocBuffer(c.depth * wire.ResponseSize); err != nil {
+		return nil, err
+	}
+	if c.resp, err = c.pd.RegMR(c.respBuf.Bytes(), verbs.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	recvs := make([]verbs.RecvWR, c.depth)
+	for i := range recvs {
+		recvs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{verbs.SGEOf(c.resp, i*wire.ResponseSize, wire.ResponseSize)}}
+	}
+	if err := verbs.Connect(c.qp, port.Num, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, local.Endpoint(), ans.Rails[0].Endpoint()); err != nil {
+		return nil, err
+	}
+	if _, err := c.qp.PostRecv(recvs); err != nil {
+		return nil, err
+	}
+	c.M.V2ConnsOpened.Add(1)
+	return c, nil
+}
+
+// Close releases the connection's verbs objects.
+func (c *Client) Close() error {
+	for _, x := range []interface{ Close() error }{c.qp, c.hdr, c.stage, c.resp} {
+		if x != nil && !isNilMR(x) {
+			x.Close()
+		}
+	}
+	c.mu.Lock()
+	for _, m := range c.user {
+		m.Close()
+	}
+	c.user = nil
+	c.mu.Unlock()
+	for _, b := range []*verbs.Buffer{c.hdrBuf, c.stageBuf, c.respBuf} {
+		if b != nil {
+			b.Free()
+		}
+	}
+	for _, x := range []verbs.CQ{c.scq, c.rcq} {
+		if x != nil {
+			x.Close()
+		}
+	}
+	if c.pd != nil {
+		c.pd.Close()
+	}
+	if c.ctx != nil {
+		return c.ctx.Close()
+	}
+	return nil
+}
+
+func isNilMR(x any) bool {
+	switch v := x.(type) {
+	case verbs.MR:
+		return v == nil
+	case verbs.QP:
+		return v == nil
+	}
+	return false
+}
+
+// RegisterMemory registers buf for zero-copy PUT sources and GET targets. Registering the
+// same range again is a no-op.
+func (c *Client) RegisterMemory(buf []byte) error {
+	if len(buf) == 0 {
+		return fmt.Errorf("%w: register 0 bytes", verbs.ErrInvalid)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m, _ := c.findLocked(buf); m != nil {
+		return nil
+	}
+	m, err := c.pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		return err
+	}
+	c.user = append(c.user, m)
+	sort.Slice(c.user, func(i, j int) bool { return c.user[i].Addr() < c.user[j].Addr() })
+	return nil
+}
+
+// findLocked returns the registered MR containing b, and b's offset in it.
+func (c *Client) findLocked(b []byte) (verbs.MR, int) {
+	if len(b) == 0 {
+		return nil, 0
+	}
+	a := addrOf(b)
+	i := sort.Search(len(c.user), func(i int) bool { return c.user[i].Addr() > a }) - 1
+	if i < 0 {
+		return nil, 0
+	}
+	m := c.user[i]
+	if a+uint64(len(b)) <= m.Addr()+uint64(m.Len()) {
+		return m, int(a - m.Addr())
+	}
+	return nil, 0
+}
+
+type pending struct {
+	op      *Op
+	slot    int
+	bounce  bool // GET landed in the staging slot; copy out
+	capSize uint64
+}
+
+// Do runs ops with up to depth requests in flight; replies complete strictly in order. A
+// returned error wrapping ErrBroken means the connection is unusable; ops without a Status
+// set were not completed.
+func (c *Client) Do(ctx context.Context, ops []*Op) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken != nil {
+		return c.broken
+	}
+	var window []pending
+	for i := 0; i < len(ops) || len(window) > 0; {
+		if i < len(ops) && len(window) < c.depth {
+			p, err := c.post(ops[i])
+			if err != nil {
+				if errors.Is(err, ErrBroken) {
+					return c.breakLocked(err)
+				}
+				ops[i].Status = fb.StatusInvalid
+				i++
+				continue
+			}
+			window = append(window, p)
+			i++
+			continue
+		}
+		if err := c.complete(ctx, window[0]); err != nil {
+			return c.breakLocked(err)
+		}
+		window = window[1:]
+	}
+	return nil
+}
+
+func (c *Client) breakLocked(err error) error {
+	if !errors.Is(err, ErrBroken) {
+		err = fmt.Errorf("%w: %v", ErrBroken, err)
+	}
+	c.broken = err
+	return err
+}
+
+func (c *Client) post(op *Op) (pending, error) {
+	slot := c.next
+	p := pending{op: op, slot: slot}
+	req := wire.Request{Op: op.Kind, Tenant: op.Tenant, ID: op.ID, Offset: op.Offset, Length: op.Length}
+	hdr := c.hdrBuf.Bytes()[slot*dcp.SlotPayloadOffset : (slot+1)*dcp.SlotPayloadOffset]
+	remote := c.seg.Addr + uint64(slot)*c.seg.SlotBytes
+	var wrs []verbs.SendWR
+	hdrLen := wire.RequestSize
+	switch op.Kind {
+	case fb.OpPut:
+		var total uint64
+		for _, v := range op.Value {
+			total += uint64(len(v))
+		}
+		if total == 0 || total > c.tail.MaxBlock {
+			return p, fmt.Errorf("onesided: value of %d bytes (1..%d)", total, c.tail.MaxBlock)
+		}
+		req.PayloadLen = total
+		sgl, ok := c.gather(op.Value)
+		if !ok { // unregistered memory or too many pieces: copy into the staging slot
+			st := c.stageBuf.Bytes()[uint64(slot)*c.seg.SlotBytes:]
+			off := 0
+			for _, v := range op.Value {
+				off += copy(st[off:], v)
+			}
+			sgl = []verbs.SGE{verbs.SGEOf(c.stage, slot*int(c.seg.SlotBytes), int(total))}
+		}
+		wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWrite, SGL: sgl,
+			RemoteAddr: remote + dcp.SlotPayloadOffset, RKey: c.seg.RKey})
+		c.M.V2PutWrites.Add(1)
+	case fb.OpGet:
+		var tg []target
+		var capacity uint64
+		c2 := 0
+		for _, d := range op.Dst {
+			capacity += uint64(len(d))
+			if len(d) > 0 {
+				c2++
+			}
+		}
+		if capacity == 0 {
+			return p, fmt.Errorf("onesided: GET without a destination")
+		}
+		p.capSize = capacity
+		registered := c2 <= int(c.tail.MaxTargets)
+		for _, d := range op.Dst {
+			if len(d) == 0 {
+				continue
+			}
+			m, off := c.findLocked(d)
+			if m == nil {
+				registered = false
+				break
+			}
+			tg = append(tg, target{addr: m.Addr() + uint64(off), rkey: m.RKey(), len: uint32(len(d))})
+		}
+		if !registered {
+			n := min(capacity, c.seg.SlotBytes)
+			tg = []target{{addr: c.stage.Addr() + uint64(slot)*c.seg.SlotBytes, rkey: c.stage.RKey(), len: uint32(n)}}
+			p.bounce = true
+		}
+		req.Count = uint32(len(tg))
+		for i, t := range tg {
+			putTarget(hdr[wire.RequestSize+i*targetSize:], t)
+		}
+		hdrLen += len(tg) * targetSize
+	case fb.OpExist, fb.OpRemove:
+	default:
+		return p, fmt.Errorf("onesided: op %s not supported over RDMA", op.Kind)
+	}
+	req.Encode(hdr)
+	wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWriteWithImm, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{verbs.SGEOf(c.hdr, slot*dcp.SlotPayloadOffset, hdrLen)}, RemoteAddr: remote, RKey: c.seg.RKey, Imm: uint32(slot)})
+	if _, err := c.qp.PostSend(wrs); err != nil {
+		return p, fmt.Errorf("%w: post: %v", ErrBroken, err)
+	}
+	c.next = (c.next + 1) % c.depth
+	return p, nil
+}
+
+// gather returns SGEs for vs when all lie in registered memory and fit one WR.
+func (c *Client) gather(vs [][]byte) ([]verbs.SGE, bool) {
+	var sgl []verbs.SGE
+	for _, v := range vs {
+		if len(v) == 0 {
+			continue
+		}
+		m, off := c.findLocked(v)
+		if m == nil {
+			return nil, false
+		}
+		sgl = append(sgl, verbs.SGEOf(m, off, len(v)))
+	}
+	return sgl, len(sgl) <= min(max(c.ctx.Info().MaxSGE, 1), 16)
+}
+
+// complete waits for p's reply (the oldest outstanding) and checks the completion.
+func (c *Client) complete(ctx context.Context, p pending) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
+	defer cancel()
+	var wcs [8]verbs.WorkCompletion
+	for {
+		// Send completions carry nothing but errors.
+		n, err := c.scq.Poll(wcs[:])
+		if err != nil {
+			return err
+		}
+		for _, wc := range wcs[:n] {
+			c.M.Completions.Add(1)
+			if wc.Status != verbs.StatusSuccess {
+				c.M.CompletionErrors.Add(1)
+				return wc.Err()
+			}
+		}
+		n, err = c.rcq.Poll(wcs[:1])
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			break
+		}
+		// Both CQs are armed by waiting on the receive CQ with a short slice for the send CQ.
+		wctx, wcancel := context.WithTimeout(ctx, pollSlice)
+		err = c.rcq.Wait(wctx)
+		wcancel()
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("reply for slot %d: %w", p.slot, ctx.Err())
+		}
+	}
+	wc := wcs[0]
+	c.M.Completions.Add(1)
+	if wc.Status != verbs.StatusSuccess {
+		c.M.CompletionErrors.Add(1)
+		return wc.Err()
+	}
+	if wc.Opcode != verbs.WCRecv || wc.HasImm || wc.ByteLen != wire.ResponseSize || wc.ID != uint64(p.slot) {
+		return fmt.Errorf("reply completion %+v for slot %d", wc, p.slot)
+	}
+	r := c.respBuf.Bytes()[p.slot*wire.ResponseSize : (p.slot+1)*wire.ResponseSize]
+	resp, err := wire.DecodeResponse(r)
+	if err != nil {
+		return fmt.Errorf("reply prefix: %v", err)
+	}
+	if resp.Op != p.op.Kind {
+		return fmt.Errorf("reply op %s for a %s", resp.Op, p.op.Kind)
+	}
+	if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: uint64(p.slot), SGL: []verbs.SGE{verbs.SGEOf(c.resp, p.slot*wire.ResponseSize, wire.ResponseSize)}}}); err != nil {
+		return fmt.Errorf("repost receive: %v", err)
+	}
+	op := p.op
+	op.Status, op.ValueLen = resp.Status, resp.ValueLen
+	if op.Kind == fb.OpGet && resp.Status == fb.StatusOk {
+		if resp.PayloadLen > p.capSize {
+			return fmt.Errorf("reply claims %d bytes for %d of targets", resp.PayloadLen, p.capSize)
+		}
+		op.N = int(resp.PayloadLen)
+		if p.bounce {
+			st := c.stageBuf.Bytes()[uint64(p.slot)*c.seg.SlotBytes:]
+			st = st[:resp.PayloadLen]
+			for _, d := range op.Dst {
+				st = st[copy(d, st):]
+			}
+		}
+	}
+	return nil
+}
