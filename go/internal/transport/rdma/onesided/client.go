@@ -216,6 +216,9 @@ func (c *Client) findLocked(b []byte) (verbs.MR, int) {
 	return nil, 0
 }
 
+// testTargetRKeyXor corrupts advertised GET target keys (tests of remote access errors).
+var testTargetRKeyXor uint32
+
 type pending struct {
 	op      *Op
 	slot    int
@@ -318,7 +321,7 @@ func (c *Client) post(op *Op) (pending, error) {
 				registered = false
 				break
 			}
-			tg = append(tg, target{addr: m.Addr() + uint64(off), rkey: m.RKey(), len: uint32(len(d))})
+			tg = append(tg, target{addr: m.Addr() + uint64(off), rkey: m.RKey() ^ testTargetRKeyXor, len: uint32(len(d))})
 		}
 		if !registered {
 			n := min(capacity, c.seg.SlotBytes)
