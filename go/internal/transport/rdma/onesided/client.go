@@ -52,10 +52,13 @@ type Client struct {
 	resp     verbs.MR
 	M        Metrics
 
-	mu     sync.Mutex
-	user   []verbs.MR // registered caller memory, sorted by address
-	broken error
-	next   int
+	mu      sync.Mutex
+	user    []verbs.MR // registered caller memory, sorted by address
+	broken  error
+	next    int
+	sqMax   int   // send queue capacity
+	sqUsed  int   // send WRs posted and not yet reclaimed
+	sqFIFO  []int // WRs of each posted request, in order; reclaimed with its signaled completion
 }
 
 // Dial bootstraps a v2 connection over boot (a data connection past Hello). A server that
@@ -83,8 +86,9 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 		return nil, err
 	}
 	maxSGE := min(max(c.ctx.Info().MaxSGE, 1), 16)
+	c.sqMax = 2*c.depth + 2
 	if c.qp, err = c.pd.CreateQP(verbs.QPConfig{Type: verbs.QPTypeRC, SendCQ: c.scq, RecvCQ: c.rcq,
-		MaxSendWR: 2*c.depth + 2, MaxRecvWR: c.depth, MaxSendSGE: maxSGE, MaxRecvSGE: 1}); err != nil {
+		MaxSendWR: c.sqMax, MaxRecvWR: c.depth, MaxSendSGE: maxSGE, MaxRecvSGE: 1}); err != nil {
 		return nil, err
 	}
 	local := dcp.Rail{Device: c.ctx.Info().Name, Port: port.Num, LID: port.LID, GID: port.GID,
@@ -238,7 +242,7 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 	var window []pending
 	for i := 0; i < len(ops) || len(window) > 0; {
 		if i < len(ops) && len(window) < c.depth {
-			p, err := c.post(ops[i])
+			p, err := c.post(ctx, ops[i])
 			if err != nil {
 				if errors.Is(err, ErrBroken) {
 					return c.breakLocked(err)
@@ -267,7 +271,7 @@ func (c *Client) breakLocked(err error) error {
 	return err
 }
 
-func (c *Client) post(op *Op) (pending, error) {
+func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
 	slot := c.next
 	p := pending{op: op, slot: slot}
 	req := wire.Request{Op: op.Kind, Tenant: op.Tenant, ID: op.ID, Offset: op.Offset, Length: op.Length}
@@ -340,9 +344,28 @@ func (c *Client) post(op *Op) (pending, error) {
 	req.Encode(hdr)
 	wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWriteWithImm, Flags: verbs.SendSignaled,
 		SGL: []verbs.SGE{verbs.SGEOf(c.hdr, slot*dcp.SlotPayloadOffset, hdrLen)}, RemoteAddr: remote, RKey: c.seg.RKey, Imm: uint32(slot)})
+	// As on hardware, send queue entries come back only with polled completions: wait for
+	// room rather than overrun the queue.
+	if c.sqUsed+len(wrs) > c.sqMax {
+		wctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
+		defer cancel()
+		for c.sqUsed+len(wrs) > c.sqMax {
+			if err := c.reapSend(); err != nil {
+				return p, fmt.Errorf("%w: %v", ErrBroken, err)
+			}
+			if c.sqUsed+len(wrs) <= c.sqMax {
+				break
+			}
+			if err := c.scq.Wait(wctx); err != nil {
+				return p, fmt.Errorf("%w: waiting for send queue room: %v", ErrBroken, err)
+			}
+		}
+	}
 	if _, err := c.qp.PostSend(wrs); err != nil {
 		return p, fmt.Errorf("%w: post: %v", ErrBroken, err)
 	}
+	c.sqUsed += len(wrs)
+	c.sqFIFO = append(c.sqFIFO, len(wrs))
 	c.next = (c.next + 1) % c.depth
 	return p, nil
 }
@@ -363,13 +386,10 @@ func (c *Client) gather(vs [][]byte) ([]verbs.SGE, bool) {
 	return sgl, len(sgl) <= min(max(c.ctx.Info().MaxSGE, 1), 16)
 }
 
-// complete waits for p's reply (the oldest outstanding) and checks the completion.
-func (c *Client) complete(ctx context.Context, p pending) error {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
-	defer cancel()
-	var wcs [8]verbs.WorkCompletion
+// reapSend polls send completions: they reclaim send queue entries and carry errors.
+func (c *Client) reapSend() error {
+	var wcs [16]verbs.WorkCompletion
 	for {
-		// Send completions carry nothing but errors.
 		n, err := c.scq.Poll(wcs[:])
 		if err != nil {
 			return err
@@ -380,8 +400,29 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 				c.M.CompletionErrors.Add(1)
 				return wc.Err()
 			}
+			if wc.ID >= uint64(c.depth) || wc.Opcode != verbs.WCWrite || len(c.sqFIFO) == 0 {
+				return fmt.Errorf("unexpected send completion %+v", wc)
+			}
+			// Signaled completions arrive in posting order (RC).
+			c.sqUsed -= c.sqFIFO[0]
+			c.sqFIFO = c.sqFIFO[1:]
 		}
-		n, err = c.rcq.Poll(wcs[:1])
+		if n < len(wcs) {
+			return nil
+		}
+	}
+}
+
+// complete waits for p's reply (the oldest outstanding) and checks the completion.
+func (c *Client) complete(ctx context.Context, p pending) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
+	defer cancel()
+	var wcs [1]verbs.WorkCompletion
+	for {
+		if err := c.reapSend(); err != nil {
+			return err
+		}
+		n, err := c.rcq.Poll(wcs[:1])
 		if err != nil {
 			return err
 		}
