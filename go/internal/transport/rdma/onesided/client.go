@@ -52,13 +52,13 @@ type Client struct {
 	resp     verbs.MR
 	M        Metrics
 
-	mu      sync.Mutex
-	user    []verbs.MR // registered caller memory, sorted by address
-	broken  error
-	next    int
-	sqMax   int   // send queue capacity
-	sqUsed  int   // send WRs posted and not yet reclaimed
-	sqFIFO  []int // WRs of each posted request, in order; reclaimed with its signaled completion
+	mu     sync.Mutex
+	user   []verbs.MR // registered caller memory, sorted by address
+	broken error
+	next   int
+	sqMax  int   // send queue capacity
+	sqUsed int   // send WRs posted and not yet reclaimed
+	sqFIFO []int // WRs of each posted request, in order; reclaimed with its signaled completion
 }
 
 // Dial bootstraps a v2 connection over boot (a data connection past Hello). A server that
