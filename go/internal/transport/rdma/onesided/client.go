@@ -37,6 +37,7 @@ type Op struct {
 // window (as a dfkv pooled connection is).
 type Client struct {
 	cfg      Config
+	boot     net.Conn // the TCP connection: the server ends the RDMA connection when it closes
 	ctx      verbs.Context
 	pd       verbs.PD
 	scq, rcq verbs.CQ
@@ -61,12 +62,13 @@ type Client struct {
 	sqFIFO []int // WRs of each posted request, in order; reclaimed with its signaled completion
 }
 
-// Dial bootstraps a v2 connection over boot (a data connection past Hello). A server that
-// answers v1 yields dcp.ErrFallbackV1: boot must then be closed and a fresh connection
-// used; a refusal yields ErrRefused with the server's reason.
+// Dial bootstraps a v2 connection over boot (a data connection past Hello) and owns boot
+// from then on: it stays open as the liveness signal and Close closes it. On error boot is
+// closed too. A server that answers v1 yields dcp.ErrFallbackV1 (open a fresh connection
+// offering v1); a refusal yields ErrRefused with the server's reason.
 func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	cfg.defaults()
-	c := &Client{cfg: cfg, depth: int(cfg.Depth)}
+	c := &Client{cfg: cfg, depth: int(cfg.Depth), boot: boot}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -144,7 +146,7 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 // Close releases the connection's verbs objects.
 func (c *Client) Close() error {
 	for _, x := range []interface{ Close() error }{c.qp, c.hdr, c.stage, c.resp} {
-		if x != nil && !isNilMR(x) {
+		if x != nil {
 			x.Close()
 		}
 	}
@@ -167,20 +169,13 @@ func (c *Client) Close() error {
 	if c.pd != nil {
 		c.pd.Close()
 	}
+	if c.boot != nil {
+		c.boot.Close()
+	}
 	if c.ctx != nil {
 		return c.ctx.Close()
 	}
 	return nil
-}
-
-func isNilMR(x any) bool {
-	switch v := x.(type) {
-	case verbs.MR:
-		return v == nil
-	case verbs.QP:
-		return v == nil
-	}
-	return false
 }
 
 // RegisterMemory registers buf for zero-copy PUT sources and GET targets. Registering the
@@ -238,6 +233,10 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 	defer c.mu.Unlock()
 	if c.broken != nil {
 		return c.broken
+	}
+	// Until its reply arrives an op reads Unavailable, never a zero-value Ok.
+	for _, op := range ops {
+		op.Status, op.ValueLen, op.N = fb.StatusUnavailable, 0, 0
 	}
 	var window []pending
 	for i := 0; i < len(ops) || len(window) > 0; {
