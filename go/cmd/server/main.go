@@ -40,6 +40,7 @@ type options struct {
 	showVersion                            bool
 	tier                                   tierOptions
 	mds                                    mdsFlags
+	rdma                                   rdmaOptions
 }
 
 func defaultDataDir() string {
@@ -71,6 +72,7 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	addTierFlags(fs, &o.tier)
+	addRDMAFlags(fs, &o.rdma)
 	o.mds.define(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dfkv_server [flags]\nEvery flag also reads DFKV_<FLAG> (e.g. --store-engine ↔ DFKV_STORE_ENGINE).\n\n")
@@ -135,8 +137,19 @@ func serve(o *options, log *slog.Logger) error {
 	buildInfo.WithLabelValues(version.Version, o.engine).Set(1)
 	reg.MustRegister(buildInfo)
 	m := server.NewMetrics(reg, engine)
+	rdmaSrv, err := setupRDMA(o.rdma, engine, limits.MaxValue, reg, log)
+	if err != nil {
+		closeEngine()
+		return err
+	}
+	var rdma server.RDMAServer
+	if rdmaSrv != nil {
+		rdma = rdmaSrv
+		defer rdmaSrv.Close()
+	}
 
 	srv, err := server.New(server.Config{
+		RDMA:   rdma,
 		Engine: engine, Limits: limits, MaxConns: o.maxConns,
 		FirstRequestTimeout: time.Duration(o.firstReqMS) * time.Millisecond,
 		IOTimeout:           time.Duration(o.ioTimeoutMS) * time.Millisecond,

@@ -29,6 +29,9 @@ type Config struct {
 	SoftwareVersion     string
 	Logger              *slog.Logger
 	Metrics             *Metrics // nil = a private registry
+	// RDMA, when set, answers RdmaBootstrap: the connection then carries the RDMA
+	// bootstrap and stays open as that RDMA connection's liveness signal (docs/RDMA.md).
+	RDMA RDMAServer
 }
 
 func (c *Config) setDefaults() {
@@ -70,6 +73,7 @@ type Server struct {
 	listeners map[transport.Listener]struct{}
 	conns     map[*conn]struct{}
 	wg        sync.WaitGroup
+	drained   chan struct{} // closed by Shutdown: ends RDMA sessions
 }
 
 // New validates cfg and returns a Server.
@@ -85,6 +89,7 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, log: cfg.Logger, m: cfg.Metrics,
 		listeners: map[transport.Listener]struct{}{},
 		conns:     map[*conn]struct{}{},
+		drained:   make(chan struct{}),
 	}, nil
 }
 
@@ -154,7 +159,9 @@ func (s *Server) Serve(l transport.Listener) error {
 // idle connections, and waits until all are gone or ctx ends (then closes the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	s.draining.Store(true)
+	if !s.draining.Swap(true) {
+		close(s.drained)
+	}
 	for l := range s.listeners {
 		l.Close()
 	}

@@ -22,6 +22,7 @@ class Op(object):
     SgPut = 12
     SgGet = 13
     Mds = 14
+    RdmaBootstrap = 15
 
 
 class Status(object):

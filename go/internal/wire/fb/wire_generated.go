@@ -10,57 +10,60 @@ import (
 type Op byte
 
 const (
-	OpInvalid     Op = 0
-	OpPing        Op = 1
-	OpHello       Op = 2
-	OpPut         Op = 3
-	OpGet         Op = 4
-	OpExist       Op = 5
-	OpRemove      Op = 6
-	OpBatchPut    Op = 7
-	OpBatchGet    Op = 8
-	OpBatchExist  Op = 9
-	OpBatchRemove Op = 10
-	OpStats       Op = 11
-	OpSgPut       Op = 12
-	OpSgGet       Op = 13
-	OpMds         Op = 14
+	OpInvalid       Op = 0
+	OpPing          Op = 1
+	OpHello         Op = 2
+	OpPut           Op = 3
+	OpGet           Op = 4
+	OpExist         Op = 5
+	OpRemove        Op = 6
+	OpBatchPut      Op = 7
+	OpBatchGet      Op = 8
+	OpBatchExist    Op = 9
+	OpBatchRemove   Op = 10
+	OpStats         Op = 11
+	OpSgPut         Op = 12
+	OpSgGet         Op = 13
+	OpMds           Op = 14
+	OpRdmaBootstrap Op = 15
 )
 
 var EnumNamesOp = map[Op]string{
-	OpInvalid:     "Invalid",
-	OpPing:        "Ping",
-	OpHello:       "Hello",
-	OpPut:         "Put",
-	OpGet:         "Get",
-	OpExist:       "Exist",
-	OpRemove:      "Remove",
-	OpBatchPut:    "BatchPut",
-	OpBatchGet:    "BatchGet",
-	OpBatchExist:  "BatchExist",
-	OpBatchRemove: "BatchRemove",
-	OpStats:       "Stats",
-	OpSgPut:       "SgPut",
-	OpSgGet:       "SgGet",
-	OpMds:         "Mds",
+	OpInvalid:       "Invalid",
+	OpPing:          "Ping",
+	OpHello:         "Hello",
+	OpPut:           "Put",
+	OpGet:           "Get",
+	OpExist:         "Exist",
+	OpRemove:        "Remove",
+	OpBatchPut:      "BatchPut",
+	OpBatchGet:      "BatchGet",
+	OpBatchExist:    "BatchExist",
+	OpBatchRemove:   "BatchRemove",
+	OpStats:         "Stats",
+	OpSgPut:         "SgPut",
+	OpSgGet:         "SgGet",
+	OpMds:           "Mds",
+	OpRdmaBootstrap: "RdmaBootstrap",
 }
 
 var EnumValuesOp = map[string]Op{
-	"Invalid":     OpInvalid,
-	"Ping":        OpPing,
-	"Hello":       OpHello,
-	"Put":         OpPut,
-	"Get":         OpGet,
-	"Exist":       OpExist,
-	"Remove":      OpRemove,
-	"BatchPut":    OpBatchPut,
-	"BatchGet":    OpBatchGet,
-	"BatchExist":  OpBatchExist,
-	"BatchRemove": OpBatchRemove,
-	"Stats":       OpStats,
-	"SgPut":       OpSgPut,
-	"SgGet":       OpSgGet,
-	"Mds":         OpMds,
+	"Invalid":       OpInvalid,
+	"Ping":          OpPing,
+	"Hello":         OpHello,
+	"Put":           OpPut,
+	"Get":           OpGet,
+	"Exist":         OpExist,
+	"Remove":        OpRemove,
+	"BatchPut":      OpBatchPut,
+	"BatchGet":      OpBatchGet,
+	"BatchExist":    OpBatchExist,
+	"BatchRemove":   OpBatchRemove,
+	"Stats":         OpStats,
+	"SgPut":         OpSgPut,
+	"SgGet":         OpSgGet,
+	"Mds":           OpMds,
+	"RdmaBootstrap": OpRdmaBootstrap,
 }
 
 func (v Op) String() string {
