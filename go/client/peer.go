@@ -26,6 +26,7 @@ type peer struct {
 	limits   atomic.Pointer[wire.Hello]
 	mu       sync.Mutex // guards closed
 	closed   bool
+	rdma     peerRDMA
 }
 
 func newPeer(c *Client, addr string) *peer {
@@ -80,6 +81,7 @@ func (p *peer) close() {
 	p.closed = true
 	p.mu.Unlock()
 	p.drain()
+	p.rdma.close()
 }
 
 // get returns a pooled connection or dials a new one.

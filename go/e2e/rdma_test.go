@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
@@ -180,5 +181,76 @@ func TestRDMAUnavailable(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "rdma: --rdma-dev mlx5_0") {
 		t.Fatalf("refusal does not say why:\n%s", out)
+	}
+}
+
+// The Go client with RDMA on: values up to its declared block move over RDMA, larger ones
+// and servers without RDMA over TCP; TransportMode says which and why.
+func TestRDMAGoClient(t *testing.T) {
+	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB")
+	plain := startServer(t, t.TempDir())
+	for _, srv := range []*serverProc{s, plain} {
+		ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: srv.addr, Weight: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma"), IOTimeout: 30 * time.Second,
+			RDMA: &client.RDMAOptions{Provider: "soft"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := make([]byte, 1<<20)
+		if err := c.RegisterMemory(reg); err != nil {
+			t.Fatal(err)
+		}
+		for i, n := range []int{1, 4096, 1<<20 + 1, 4 << 20, 64 << 20} {
+			key := []byte{byte(i)}
+			v := rnd(n, uint64(50+i))
+			if err := c.Put(key, v); err != nil {
+				t.Fatalf("put %d: %v", n, err)
+			}
+			got := make([]byte, n)
+			if err := c.Get(key, got); err != nil || !bytes.Equal(got, v) {
+				t.Fatalf("get %d: %v", n, err)
+			}
+			if m, err := c.GetAuto(key, make([]byte, n+10)); err != nil || m != n {
+				t.Fatalf("get auto %d: %d %v", n, m, err)
+			}
+			if _, err := c.GetAuto(key, make([]byte, max(n-1, 1))); n > 1 && !errors.Is(err, client.ErrBufferTooSmall) {
+				t.Fatalf("get auto into a short buffer: %v", err)
+			}
+			if ln, err := c.Exist(key); err != nil || ln != int64(n) {
+				t.Fatalf("exist %d: %d %v", n, ln, err)
+			}
+		}
+		// Registered memory: zero-copy in both directions.
+		copy(reg, rnd(len(reg), 7))
+		want := append([]byte(nil), reg...)
+		if err := c.Put([]byte("reg"), reg); err != nil {
+			t.Fatal(err)
+		}
+		clear(reg)
+		if err := c.Get([]byte("reg"), reg); err != nil || !bytes.Equal(reg, want) {
+			t.Fatalf("registered get: %v", err)
+		}
+		if err := c.Remove([]byte("reg")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Exist([]byte("reg")); !errors.Is(err, client.ErrNotFound) {
+			t.Fatalf("exist after remove: %v", err)
+		}
+		mode := c.TransportMode()
+		c.Close()
+		if srv == s {
+			if mode != "rdma" {
+				t.Fatalf("transport mode %q against an RDMA server", mode)
+			}
+			// 1 B .. 4 MiB and the registered value went over RDMA; 64 MiB over TCP.
+			if got := srv.metric("dfkv_rdma_v2_put_writes_total"); got != 5 {
+				t.Fatalf("rdma put writes %v, want 5", got)
+			}
+		} else if !strings.HasPrefix(mode, "tcp(") || !strings.Contains(mode, "does not serve RDMA") {
+			t.Fatalf("transport mode %q against a TCP-only server", mode)
+		}
 	}
 }

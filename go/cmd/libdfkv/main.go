@@ -18,6 +18,7 @@ package main
 import "C"
 
 import (
+	"sync"
 	"unsafe"
 
 	"github.com/dfkv/dfkv/go/internal/cabi"
@@ -420,7 +421,7 @@ func dfkvgo_register_memory(c C.uintptr_t, base unsafe.Pointer, size C.uint64_t)
 		}
 	}()
 	if h := handle(c); h != nil {
-		return C.int(h.RegisterMemory(uintptr(base), uint64(size)))
+		return C.int(h.RegisterMemory(base, uint64(size)))
 	}
 	return -1
 }
@@ -442,14 +443,39 @@ func dfkvgo_transport_mode(c C.uintptr_t) (s *C.char) {
 		}
 	}()
 	h := handle(c)
-	switch {
-	case h == nil:
+	if h == nil {
 		return cClosed
-	case h.TransportMode() == "rdma":
-		return cRDMA
-	default:
-		return cTCP
 	}
+	switch m := h.TransportMode(); m {
+	case "rdma":
+		return cRDMA
+	case "tcp":
+		return cTCP
+	default:
+		return modeString(m)
+	}
+}
+
+// "tcp(<reason>)" strings, interned: a few distinct reasons per process, kept for its life
+// so the returned pointers stay valid.
+var (
+	modeMu      sync.Mutex
+	modeStrings = map[string]*C.char{}
+	cTCPOther   = C.CString("tcp(rdma not in use)")
+)
+
+func modeString(m string) *C.char {
+	modeMu.Lock()
+	defer modeMu.Unlock()
+	if s, ok := modeStrings[m]; ok {
+		return s
+	}
+	if len(modeStrings) >= 64 {
+		return cTCPOther
+	}
+	s := C.CString(m)
+	modeStrings[m] = s
+	return s
 }
 
 //export dfkvgo_stats_snapshot

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/store"
@@ -86,7 +87,9 @@ func TestHandleLifecycleAndOutputs(t *testing.T) {
 		ok[0] != 1 || ok[1] != 0 || lens[0] != 3 {
 		t.Errorf("mixed batch: %v %v", ok, lens)
 	}
-	if h.MaxSGSegs() == 0 || h.TransportMode() != "tcp" || h.RegisterMemory(0x1000, 10) != 0 {
+	regBuf := make([]byte, 10)
+	if h.MaxSGSegs() == 0 || h.TransportMode() != "tcp" || h.RegisterMemory(unsafe.Pointer(&regBuf[0]), 10) != 0 ||
+		h.RegisterMemory(nil, 10) != -1 || h.RegisterMemory(unsafe.Pointer(&regBuf[0]), 0) != -1 {
 		t.Error("metadata calls")
 	}
 	if !strings.Contains(string(h.StatsSnapshot()), "dfkv_client_ops_total") {
