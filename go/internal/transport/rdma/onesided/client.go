@@ -143,8 +143,12 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	return c, nil
 }
 
-// Close releases the connection's verbs objects.
+// Close ends the connection: the TCP connection first (the server's signal that this end
+// is going away), then the verbs objects.
 func (c *Client) Close() error {
+	if c.boot != nil {
+		c.boot.Close()
+	}
 	for _, x := range []interface{ Close() error }{c.qp, c.hdr, c.stage, c.resp} {
 		if x != nil {
 			x.Close()
@@ -168,9 +172,6 @@ func (c *Client) Close() error {
 	}
 	if c.pd != nil {
 		c.pd.Close()
-	}
-	if c.boot != nil {
-		c.boot.Close()
 	}
 	if c.ctx != nil {
 		return c.ctx.Close()
@@ -396,7 +397,7 @@ func (c *Client) reapSend() error {
 		for _, wc := range wcs[:n] {
 			c.M.Completions.Add(1)
 			if wc.Status != verbs.StatusSuccess {
-				c.M.CompletionErrors.Add(1)
+				countError(&c.M, wc)
 				return wc.Err()
 			}
 			if wc.ID >= uint64(c.depth) || wc.Opcode != verbs.WCWrite || len(c.sqFIFO) == 0 {
@@ -439,7 +440,7 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 	wc := wcs[0]
 	c.M.Completions.Add(1)
 	if wc.Status != verbs.StatusSuccess {
-		c.M.CompletionErrors.Add(1)
+		countError(&c.M, wc)
 		return wc.Err()
 	}
 	if wc.Opcode != verbs.WCRecv || wc.HasImm || wc.ByteLen != wire.ResponseSize || wc.ID != uint64(p.slot) {

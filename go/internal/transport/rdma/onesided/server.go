@@ -269,7 +269,7 @@ func (c *serverConn) reap(wcs []verbs.WorkCompletion) error {
 		for _, wc := range wcs[:n] {
 			c.s.M.Completions.Add(1)
 			if wc.Status != verbs.StatusSuccess {
-				c.s.M.CompletionErrors.Add(1)
+				countError(&c.s.M, wc)
 				return c.fail("send completion: %v", wc.Err())
 			}
 			if wc.Opcode != verbs.WCSend || wc.ID >= uint64(c.depth) || !c.busy[wc.ID] {
@@ -298,7 +298,7 @@ func (c *serverConn) loop(ctx context.Context) error {
 		}
 		s.M.Completions.Add(1)
 		if wc.Status != verbs.StatusSuccess {
-			s.M.CompletionErrors.Add(1)
+			countError(&s.M, wc)
 			return c.fail("receive completion: %v", wc.Err())
 		}
 		// Fail closed on everything the completion claims.
@@ -422,6 +422,14 @@ func (c *serverConn) handle(req wire.Request, slot int, b []byte) ([]verbs.SendW
 		resp.Status = fb.StatusInvalid
 	}
 	return nil, resp
+}
+
+// countError counts a failed completion unless it is a flush: flushes are what a QP in ERR
+// does with its queue (e.g. after the peer closed), not a cause of their own.
+func countError(m *Metrics, wc verbs.WorkCompletion) {
+	if wc.Status != verbs.StatusWRFlushErr {
+		m.CompletionErrors.Add(1)
+	}
 }
 
 func statusOf(err error) fb.Status {
