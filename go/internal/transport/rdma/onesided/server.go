@@ -299,6 +299,9 @@ func (c *serverConn) loop(ctx context.Context) error {
 		s.M.Completions.Add(1)
 		if wc.Status != verbs.StatusSuccess {
 			countError(&s.M, wc)
+			// A flushed receive is a consequence; the cause (if it was a failed WRITE or
+			// SEND of ours) was pushed to the send CQ before the flushes.
+			drainErrors(&s.M, c.scq)
 			return c.fail("receive completion: %v", wc.Err())
 		}
 		// Fail closed on everything the completion claims.
@@ -429,6 +432,22 @@ func (c *serverConn) handle(req wire.Request, slot int, b []byte) ([]verbs.SendW
 func countError(m *Metrics, wc verbs.WorkCompletion) {
 	if wc.Status != verbs.StatusWRFlushErr {
 		m.CompletionErrors.Add(1)
+	}
+}
+
+// drainErrors counts the failed completions left on cq.
+func drainErrors(m *Metrics, cq verbs.CQ) {
+	var wcs [16]verbs.WorkCompletion
+	for {
+		n, err := cq.Poll(wcs[:])
+		if err != nil || n == 0 {
+			return
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != verbs.StatusSuccess {
+				countError(m, wc)
+			}
+		}
 	}
 }
 
