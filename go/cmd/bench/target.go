@@ -46,12 +46,14 @@ type targetConfig struct {
 	poolSize  int
 	file      string // odirect
 	verify    bool   // odirect checks its sector stamps itself
+	// dfkv: "tcp" or "rdma", and the RDMA provider
+	transport, rdmaProvider string
 }
 
 func openTarget(cfg targetConfig, size int64) (target, error) {
 	switch cfg.kind {
 	case "dfkv":
-		return openDfkv(cfg)
+		return openDfkv(cfg, size)
 	case "rawtcp":
 		return &tcpTarget{kind: "rawtcp", cfg: cfg, dial: dialRaw}, nil
 	case "redis":
