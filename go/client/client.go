@@ -91,6 +91,9 @@ func New(opts Options) (*Client, error) {
 	if col, ok := opts.Membership.(prometheus.Collector); ok {
 		_ = c.m.reg.Register(col)
 	}
+	if opts.RDMA != nil {
+		c.registerRDMAMetrics()
+	}
 	return c, nil
 }
 

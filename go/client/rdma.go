@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
@@ -46,6 +49,20 @@ type rdmaState struct {
 
 	used   atomic.Bool
 	reason atomic.Pointer[string]
+	m      onesided.Metrics // shared by every RDMA connection of this client
+}
+
+// registerRDMAMetrics adds the client's dfkv_rdma_* series to its stats snapshot.
+func (c *Client) registerRDMAMetrics() {
+	for name := range c.rdma.m.Snapshot() {
+		n := name
+		f := func() float64 { return c.rdma.m.Snapshot()[n] }
+		if strings.HasSuffix(n, "_total") {
+			c.m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: n, Help: "RDMA data plane (docs/RDMA.md)."}, f))
+		} else {
+			c.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: n, Help: "RDMA data plane (docs/RDMA.md)."}, f))
+		}
+	}
 }
 
 // peerRDMA is one server's RDMA connection pool.
@@ -197,7 +214,7 @@ func (c *Client) rdmaConn(p *peer) *onesided.Client {
 		return nil
 	}
 	oc, err := onesided.Dial(bufConn{Conn: pc.nc, r: pc.br}, onesided.Config{Provider: prov, Device: o.Device,
-		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger})
+		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m})
 	switch {
 	case err == nil:
 	case errors.Is(err, dcp.ErrFallbackV1):

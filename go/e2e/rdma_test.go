@@ -240,7 +240,11 @@ func TestRDMAGoClient(t *testing.T) {
 			t.Fatalf("exist after remove: %v", err)
 		}
 		mode := c.TransportMode()
+		snap := string(c.Snapshot())
 		c.Close()
+		if srv == s && (!strings.Contains(snap, "dfkv_rdma_v2_conns_opened_total 1") || !strings.Contains(snap, "dfkv_rdma_completion_errors_total 0")) {
+			t.Fatalf("client snapshot lacks the RDMA counters:\n%s", snap)
+		}
 		if srv == s {
 			if mode != "rdma" {
 				t.Fatalf("transport mode %q against an RDMA server", mode)

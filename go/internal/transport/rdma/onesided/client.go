@@ -51,7 +51,8 @@ type Client struct {
 	stage    verbs.MR
 	respBuf  *verbs.Buffer
 	resp     verbs.MR
-	M        Metrics
+	M        *Metrics
+	active   bool
 
 	mu     sync.Mutex
 	user   []verbs.MR // registered caller memory, sorted by address
@@ -68,7 +69,10 @@ type Client struct {
 // offering v1); a refusal yields ErrRefused with the server's reason.
 func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	cfg.defaults()
-	c := &Client{cfg: cfg, depth: int(cfg.Depth), boot: boot}
+	c := &Client{cfg: cfg, depth: int(cfg.Depth), boot: boot, M: cfg.Metrics}
+	if c.M == nil {
+		c.M = new(Metrics)
+	}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -140,12 +144,18 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 		return nil, err
 	}
 	c.M.V2ConnsOpened.Add(1)
+	c.M.ActiveConns.Add(1)
+	c.active = true
 	return c, nil
 }
 
 // Close ends the connection: the TCP connection first (the server's signal that this end
 // is going away), then the verbs objects.
 func (c *Client) Close() error {
+	if c.active {
+		c.active = false
+		c.M.ActiveConns.Add(-1)
+	}
 	if c.boot != nil {
 		c.boot.Close()
 	}
@@ -397,7 +407,7 @@ func (c *Client) reapSend() error {
 		for _, wc := range wcs[:n] {
 			c.M.Completions.Add(1)
 			if wc.Status != verbs.StatusSuccess {
-				countError(&c.M, wc)
+				countError(c.M, wc)
 				return wc.Err()
 			}
 			if wc.ID >= uint64(c.depth) || wc.Opcode != verbs.WCWrite || len(c.sqFIFO) == 0 {
@@ -440,7 +450,7 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 	wc := wcs[0]
 	c.M.Completions.Add(1)
 	if wc.Status != verbs.StatusSuccess {
-		countError(&c.M, wc)
+		countError(c.M, wc)
 		return wc.Err()
 	}
 	if wc.Opcode != verbs.WCRecv || wc.HasImm || wc.ByteLen != wire.ResponseSize || wc.ID != uint64(p.slot) {

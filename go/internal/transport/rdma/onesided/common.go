@@ -31,6 +31,9 @@ type Config struct {
 	ForceV1   bool
 	IOTimeout time.Duration
 	Logger    *slog.Logger
+	// Metrics, when set, is shared by the connections (a client's pool); else each Client
+	// and Server has its own.
+	Metrics *Metrics
 }
 
 func (c *Config) defaults() {
