@@ -90,7 +90,8 @@ func rnd(n int, seed uint64) []byte {
 }
 
 func TestRDMASoftServer(t *testing.T) {
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--rdma-segment", "320MiB")
+	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--rdma-segment", "320MiB",
+		"--ram-tier", "--ram-tier-bytes", "256MiB")
 	boot, st := rdmaBootstrap(t, s.addr)
 	if st != fb.StatusOk {
 		t.Fatalf("bootstrap status %s", st)
@@ -130,6 +131,13 @@ func TestRDMASoftServer(t *testing.T) {
 	if s.metric("dfkv_rdma_v2_conns_opened_total") != 1 || s.metric("dfkv_rdma_v2_put_writes_total") != 4 ||
 		s.metric("dfkv_rdma_v2_get_writes_total") < 7 || s.metric("dfkv_rdma_completion_errors_total") != 0 {
 		t.Fatal("rdma counters did not move as expected")
+	}
+	// Warm values (1 B .. 1 MiB here) were written straight from the RAM tier's arena.
+	if got := s.metric("dfkv_rdma_v2_get_zero_copy_total"); got < 3 {
+		t.Fatalf("zero-copy GETs from the RAM tier: %v", got)
+	}
+	if s.metric("dfkv_rdma_pins_held") != 0 {
+		t.Fatal("pins held after every reply completed")
 	}
 }
 

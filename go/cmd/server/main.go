@@ -145,7 +145,7 @@ func serve(o *options, log *slog.Logger) error {
 	var rdma server.RDMAServer
 	if rdmaSrv != nil {
 		rdma = rdmaSrv
-		defer rdmaSrv.Close()
+		defer rdmaSrv.Close() // error paths; the drain below closes it before the engine
 	}
 
 	srv, err := server.New(server.Config{
@@ -216,6 +216,9 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	if httpSrv != nil {
 		_ = httpSrv.Close(ctx)
+	}
+	if rdmaSrv != nil {
+		rdmaSrv.Close() // drops RAM tier pins and deregisters the arena before the engine closes
 	}
 	closeEngine()
 	log.Info("stopped")

@@ -1,7 +1,6 @@
 package onesided
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -118,6 +117,7 @@ type Metrics struct {
 	Refused          atomic.Int64
 	PinWaits         atomic.Int64 // a request waited for its slot's previous SEND completion
 	PinsHeld         atomic.Int64
+	ZeroCopyGets     atomic.Int64 // GETs written straight from the RAM tier's arena
 }
 
 // Snapshot returns the metrics by their exported names.
@@ -133,12 +133,8 @@ func (m *Metrics) Snapshot() map[string]float64 {
 		"dfkv_rdma_refused_total":           float64(m.Refused.Load()),
 		"dfkv_rdma_pin_waits_total":         float64(m.PinWaits.Load()),
 		"dfkv_rdma_pins_held":               float64(m.PinsHeld.Load()),
+		"dfkv_rdma_v2_get_zero_copy_total":  float64(m.ZeroCopyGets.Load()),
 	}
-}
-
-// waitWC waits for one completion on cq, bounded by ctx.
-func waitWC(ctx context.Context, cq verbs.CQ) (verbs.WorkCompletion, error) {
-	return verbs.PollOne(ctx, cq)
 }
 
 // pollSlice bounds one wait on the receive CQ so that send-side errors (which complete on

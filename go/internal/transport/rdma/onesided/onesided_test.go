@@ -7,11 +7,13 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/store/ramtier"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
@@ -368,5 +370,70 @@ func TestSegmentLeases(t *testing.T) {
 	s.release(c, 4*4096)
 	if s.freeBytes() != 10*4096 || len(s.free) != 1 {
 		t.Fatalf("free %d in %d extents", s.freeBytes(), len(s.free))
+	}
+}
+
+// Warm GETs are written straight from the RAM tier's arena; the arena slot stays pinned
+// until the reply's SEND completes (here held by an injected ACK delay), so neither an
+// overwrite nor eviction can reuse it meanwhile.
+func TestZeroCopyFromRAMTierKeepsPinUntilSendCompletes(t *testing.T) {
+	tier, err := ramtier.New(store.NewMem(1<<30), ramtier.Config{ArenaBytes: 8 << 20, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var holding atomic.Bool
+	pc := softProvider(t, soft.Options{AckDelay: func(op verbs.Opcode) time.Duration {
+		if op == verbs.OpSend && holding.Load() {
+			<-release
+		}
+		return 0
+	}})
+	ts := startServer(t, Config{Provider: softProvider(t, soft.Options{}), Depth: 2}, tier)
+	c, _ := dial(t, ts, Config{Provider: pc, Depth: 2})
+	ctx := context.Background()
+	v := randBytes(300<<10, 3)
+	if err := c.Do(ctx, []*Op{{Kind: fb.OpPut, ID: oid(1), Value: [][]byte{v}}}); err != nil {
+		t.Fatal(err)
+	}
+	holding.Store(true)
+	dst := make([]byte, len(v))
+	get := &Op{Kind: fb.OpGet, ID: oid(1), Dst: [][]byte{dst}}
+	if err := c.Do(ctx, []*Op{get}); err != nil || get.Status != fb.StatusOk || !bytes.Equal(dst, v) {
+		t.Fatalf("zero-copy get: %v %s", err, get.Status)
+	}
+	if got := ts.s.Stats()["dfkv_rdma_v2_get_zero_copy_total"]; got != 1 {
+		t.Fatalf("zero-copy gets %v, want 1", got)
+	}
+	if p := tier.RAMStats().Pinned; p != 1 {
+		t.Fatalf("arena slots pinned while the SEND is unacknowledged: %d, want 1", p)
+	}
+	// Overwrite the key and churn the arena: the pinned slot must survive.
+	w := randBytes(300<<10, 4)
+	if err := store.PutFrom(tier, store.Key{ID: oid(1)}, append(w, make([]byte, 4096)...), len(w)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if err := store.PutFrom(tier, store.Key{ID: oid(100 + i)}, make([]byte, 256<<10), 256<<10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := tier.RAMStats().Pinned; p != 1 {
+		t.Fatalf("pin lost under churn: %d", p)
+	}
+	holding.Store(false)
+	close(release)
+	deadline := time.Now().Add(20 * time.Second)
+	for tier.RAMStats().Pinned != 0 {
+		// Watching a gauge, not standing in for an event: the server drops the pin as soon
+		// as it polls the SEND completion, even with no further request.
+		time.Sleep(time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("pin not released after the SEND completed: %d", tier.RAMStats().Pinned)
+		}
+	}
+	get = &Op{Kind: fb.OpGet, ID: oid(1), Dst: [][]byte{dst}}
+	if err := c.Do(ctx, []*Op{get}); err != nil || !bytes.Equal(dst, w) {
+		t.Fatalf("get after overwrite: %v %s", err, get.Status)
 	}
 }

@@ -29,6 +29,10 @@ type Server struct {
 	seg    *segment
 	M      Metrics
 
+	// The RAM tier's arena, registered once: warm GETs are written straight from it.
+	pinner  store.Pinner
+	arenaMR verbs.MR
+
 	mu     sync.Mutex
 	closed bool
 	stop   chan struct{}
@@ -59,6 +63,14 @@ func NewServer(cfg Config, engine store.Engine) (*Server, error) {
 		return nil, fmt.Errorf("onesided: register receive segment of %d bytes: %w", cfg.SegmentBytes, err)
 	}
 	s.seg = newSegment(cfg.SegmentBytes)
+	if p, ok := store.Find[store.Pinner](engine); ok && len(p.Arena()) > 0 {
+		// Local read access is all a WRITE source needs.
+		if mr, err := s.pd.RegMR(p.Arena(), 0); err == nil {
+			s.pinner, s.arenaMR = p, mr
+		} else {
+			cfg.Logger.Warn("rdma: RAM tier arena not registered; GETs copy through staging", "err", err)
+		}
+	}
 	return s, nil
 }
 
@@ -81,6 +93,9 @@ func (s *Server) Close() error {
 	close(s.stop)
 	s.mu.Unlock()
 	s.wg.Wait()
+	if s.arenaMR != nil {
+		s.arenaMR.Close()
+	}
 	s.segMR.Close()
 	s.segBuf.Free()
 	s.pd.Close()
@@ -144,18 +159,20 @@ type serverConn struct {
 	block    uint64 // the client's declared max block
 	targets  int
 	leaseOff uint64
-	seg      []byte // this connection's lease of the segment
-	scq, rcq verbs.CQ
+	seg      []byte                 // this connection's lease of the segment
+	cq       verbs.CQ               // sends and receives: one wait wakes for either
+	pending  []verbs.WorkCompletion // receive completions polled while looking for sends
 	qp       verbs.QP
 	stageBuf *verbs.Buffer // depth staging slots for GET values
 	stage    verbs.MR
 	respBuf  *verbs.Buffer // depth response prefixes
 	resp     verbs.MR
-	busy     []bool // slot's SEND not yet completed: staging and response memory pinned
+	busy     []bool   // slot's SEND not yet completed: staging and response memory pinned
+	release  []func() // slot's RAM tier pin, dropped on that SEND's completion
 }
 
 func (c *serverConn) close() {
-	for _, x := range []interface{ Close() error }{c.qp, c.stage, c.resp, c.scq, c.rcq} {
+	for _, x := range []interface{ Close() error }{c.qp, c.stage, c.resp, c.cq} {
 		if x != nil {
 			x.Close()
 		}
@@ -174,6 +191,11 @@ func (c *serverConn) close() {
 			c.s.M.PinsHeld.Add(-1)
 		}
 	}
+	for _, r := range c.release { // after the QP is gone: nothing reads the arena any more
+		if r != nil {
+			r()
+		}
+	}
 }
 
 func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (err error) {
@@ -187,14 +209,12 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 	}
 	c.seg = s.segBuf.Bytes()[c.leaseOff : c.leaseOff+lease]
 	c.busy = make([]bool, c.depth)
+	c.release = make([]func(), c.depth)
 	sendWR := c.depth*(c.targets+1) + 1
-	if c.scq, err = s.ctx.CreateCQ(sendWR + 1); err != nil {
+	if c.cq, err = s.ctx.CreateCQ(sendWR + c.depth + 1); err != nil {
 		return s.refuse(boot, err)
 	}
-	if c.rcq, err = s.ctx.CreateCQ(c.depth + 1); err != nil {
-		return s.refuse(boot, err)
-	}
-	if c.qp, err = s.pd.CreateQP(verbs.QPConfig{Type: verbs.QPTypeRC, SendCQ: c.scq, RecvCQ: c.rcq,
+	if c.qp, err = s.pd.CreateQP(verbs.QPConfig{Type: verbs.QPTypeRC, SendCQ: c.cq, RecvCQ: c.cq,
 		MaxSendWR: sendWR, MaxRecvWR: c.depth, MaxSendSGE: 1, MaxRecvSGE: 1}); err != nil {
 		return s.refuse(boot, err)
 	}
@@ -216,7 +236,7 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 	}
 	recvs := make([]verbs.RecvWR, c.depth)
 	for i := range recvs {
-		recvs[i].ID = uint64(i)
+		recvs[i].ID = recvTag | uint64(i)
 	}
 	if _, err := c.qp.PostRecv(recvs); err != nil {
 		return s.refuse(boot, err)
@@ -258,25 +278,45 @@ func (c *serverConn) fail(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrBroken, fmt.Sprintf(format, a...))
 }
 
-// reap handles send completions: a GET's pin (and every slot's response buffer) is
-// released only on its SEND's signaled completion.
-func (c *serverConn) reap(wcs []verbs.WorkCompletion) error {
+// recvTag marks receive WR ids, so that completions are told apart even when flushed
+// (a flushed completion's opcode is undefined on hardware).
+const recvTag = 1 << 32
+
+// poll drains the CQ: send completions are handled at once (a slot's pins drop on its
+// SEND's signaled completion), receive completions are queued in order in c.pending.
+func (c *serverConn) poll() error {
+	var wcs [16]verbs.WorkCompletion
 	for {
-		n, err := c.scq.Poll(wcs)
+		n, err := c.cq.Poll(wcs[:])
 		if err != nil {
-			return c.fail("send cq: %v", err)
+			return c.fail("cq: %v", err)
 		}
-		for _, wc := range wcs[:n] {
+		for i, wc := range wcs[:n] {
 			c.s.M.Completions.Add(1)
 			if wc.Status != verbs.StatusSuccess {
+				// Count the cause, not the flushes it brings along.
 				countError(&c.s.M, wc)
-				return c.fail("send completion: %v", wc.Err())
+				for _, w := range wcs[i+1 : n] {
+					if w.Status != verbs.StatusSuccess {
+						countError(&c.s.M, w)
+					}
+				}
+				drainErrors(&c.s.M, c.cq)
+				return c.fail("completion: %v", wc.Err())
+			}
+			if wc.ID&recvTag != 0 {
+				c.pending = append(c.pending, wc)
+				continue
 			}
 			if wc.Opcode != verbs.WCSend || wc.ID >= uint64(c.depth) || !c.busy[wc.ID] {
 				return c.fail("unexpected send completion %+v", wc)
 			}
 			c.busy[wc.ID] = false
 			c.s.M.PinsHeld.Add(-1)
+			if r := c.release[wc.ID]; r != nil {
+				c.release[wc.ID] = nil
+				r()
+			}
 		}
 		if n < len(wcs) {
 			return nil
@@ -284,28 +324,37 @@ func (c *serverConn) reap(wcs []verbs.WorkCompletion) error {
 	}
 }
 
+// nextRecv returns the next receive completion; send completions met on the way (also
+// while idle) are handled, so pins never outlive their SEND by more than a wake-up.
+func (c *serverConn) nextRecv(ctx context.Context) (verbs.WorkCompletion, error) {
+	for {
+		if len(c.pending) > 0 {
+			wc := c.pending[0]
+			c.pending = c.pending[1:]
+			return wc, nil
+		}
+		if err := c.poll(); err != nil {
+			return verbs.WorkCompletion{}, err
+		}
+		if len(c.pending) > 0 {
+			continue
+		}
+		if err := c.cq.Wait(ctx); err != nil {
+			return verbs.WorkCompletion{}, err
+		}
+	}
+}
+
 func (c *serverConn) loop(ctx context.Context) error {
 	s := c.s
 	next := 0
-	wcs := make([]verbs.WorkCompletion, 16)
 	for {
-		if err := c.reap(wcs); err != nil {
-			return err
-		}
-		wc, err := waitWC(ctx, c.rcq)
+		wc, err := c.nextRecv(ctx)
 		if err != nil {
 			return err
 		}
-		s.M.Completions.Add(1)
-		if wc.Status != verbs.StatusSuccess {
-			countError(&s.M, wc)
-			// A flushed receive is a consequence; the cause (if it was a failed WRITE or
-			// SEND of ours) was pushed to the send CQ before the flushes.
-			drainErrors(&s.M, c.scq)
-			return c.fail("receive completion: %v", wc.Err())
-		}
 		// Fail closed on everything the completion claims.
-		if wc.Opcode != verbs.WCRecvWithImm || !wc.HasImm || wc.Imm != uint32(next) || wc.ID != uint64(next) {
+		if wc.Opcode != verbs.WCRecvWithImm || !wc.HasImm || wc.Imm != uint32(next) || wc.ID != recvTag|uint64(next) {
 			return c.fail("completion %+v, want RECV_RDMA_WITH_IMM imm %d", wc, next)
 		}
 		slot := next
@@ -326,16 +375,21 @@ func (c *serverConn) loop(ctx context.Context) error {
 			return c.fail("%s request of %d bytes, want %d", req.Op, wc.ByteLen, want)
 		}
 		// The slot's previous SEND must have completed before its memory is reused.
-		for c.busy[slot] {
+		if c.busy[slot] {
 			s.M.PinWaits.Add(1)
-			if err := c.scq.Wait(ctx); err != nil {
+		}
+		for c.busy[slot] {
+			if err := c.poll(); err != nil {
 				return err
 			}
-			if err := c.reap(wcs); err != nil {
+			if !c.busy[slot] {
+				break
+			}
+			if err := c.cq.Wait(ctx); err != nil {
 				return err
 			}
 		}
-		if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: uint64(slot)}}); err != nil {
+		if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: recvTag | uint64(slot)}}); err != nil {
 			return c.fail("repost receive: %v", err)
 		}
 		wrs, resp := c.handle(req, slot, b)
@@ -377,31 +431,55 @@ func (c *serverConn) handle(req wire.Request, slot int, b []byte) ([]verbs.SendW
 			tg[i] = getTarget(b[wire.RequestSize+i*targetSize:])
 			capacity += uint64(tg[i].len)
 		}
-		stage := c.stageBuf.Bytes()[uint64(slot)*c.slot : uint64(slot+1)*c.slot]
-		n, err := store.ReadInto(s.engine, key, stage)
-		resp.ValueLen = uint64(max(n, 0))
-		if err != nil {
-			resp.Status = statusOf(err)
-			if errors.Is(err, store.ErrBufferTooSmall) {
-				resp.Status = fb.StatusInvalid // larger than this connection's declared block
+		// Source of the WRITEs: the RAM tier's arena slot itself when the value is warm
+		// (pinned until the reply's SEND completes), else a staging slot filled by the
+		// engine (from RAM or disk).
+		srcMR, srcOff := c.stage, uint64(slot)*c.slot
+		var n int
+		if v, release, ok := c.pinned(key); ok {
+			n = len(v)
+			if uint64(n) > c.block {
+				release()
+				resp.Status, resp.ValueLen = fb.StatusInvalid, uint64(n) // larger than this connection's declared block
+				return nil, resp
 			}
+			srcMR, srcOff = s.arenaMR, addrOf0(v)-s.arenaMR.Addr()
+			c.release[slot] = release
+			s.M.ZeroCopyGets.Add(1)
+		} else {
+			stage := c.stageBuf.Bytes()[uint64(slot)*c.slot : uint64(slot+1)*c.slot]
+			var err error
+			n, err = store.ReadInto(s.engine, key, stage)
+			if err != nil {
+				resp.Status, resp.ValueLen = statusOf(err), uint64(max(n, 0))
+				if errors.Is(err, store.ErrBufferTooSmall) {
+					resp.Status = fb.StatusInvalid // larger than this connection's declared block
+				}
+				return nil, resp
+			}
+		}
+		resp.ValueLen = uint64(n)
+		fail := func(st fb.Status) ([]verbs.SendWR, wire.Response) {
+			if r := c.release[slot]; r != nil {
+				c.release[slot] = nil
+				r()
+			}
+			resp.Status = st
 			return nil, resp
 		}
 		off, length := req.Offset, req.Length
 		if off > uint64(n) || (length != 0 && length > uint64(n)-off) {
-			resp.Status = fb.StatusInvalid
-			return nil, resp
+			return fail(fb.StatusInvalid)
 		}
 		if length == 0 {
 			length = uint64(n) - off
 		}
 		if length > capacity {
-			resp.Status = fb.StatusBufferTooSmall
-			return nil, resp
+			return fail(fb.StatusBufferTooSmall)
 		}
 		// Scatter [off, off+length) over the targets in order, one WRITE per target.
 		var wrs []verbs.SendWR
-		src := uint64(slot)*c.slot + off
+		src := srcOff + off
 		left := length
 		for _, t := range tg {
 			if left == 0 {
@@ -409,7 +487,7 @@ func (c *serverConn) handle(req wire.Request, slot int, b []byte) ([]verbs.SendW
 			}
 			k := min(uint64(t.len), left)
 			wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWrite,
-				SGL: []verbs.SGE{verbs.SGEOf(c.stage, int(src), int(k))}, RemoteAddr: t.addr, RKey: t.rkey})
+				SGL: []verbs.SGE{verbs.SGEOf(srcMR, int(src), int(k))}, RemoteAddr: t.addr, RKey: t.rkey})
 			src += k
 			left -= k
 		}
@@ -425,6 +503,19 @@ func (c *serverConn) handle(req wire.Request, slot int, b []byte) ([]verbs.SendW
 		resp.Status = fb.StatusInvalid
 	}
 	return nil, resp
+}
+
+// pinned returns key's value pinned in the registered RAM tier arena, if it is warm.
+func (c *serverConn) pinned(key store.Key) ([]byte, func(), bool) {
+	if c.s.pinner == nil {
+		return nil, nil, false
+	}
+	v, release, ok := c.s.pinner.PinValue(key)
+	if ok && len(v) == 0 {
+		release()
+		return nil, nil, false
+	}
+	return v, release, ok
 }
 
 // countError counts a failed completion unless it is a flush: flushes are what a QP in ERR
