@@ -266,3 +266,32 @@ func TestRDMAGoClient(t *testing.T) {
 		}
 	}
 }
+
+// A client forced to v1 (DFKV_RDMA_PROTOCOL=1) uses TCP and says why: this build has no v1
+// data path.
+func TestRDMAForcedV1Client(t *testing.T) {
+	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft")
+	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Options{Membership: ms, RDMA: &client.RDMAOptions{Provider: "soft", ForceV1: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	v := rnd(5000, 1)
+	got := make([]byte, len(v))
+	if err := c.Put([]byte("k"), v); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get([]byte("k"), got); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("get: %v", err)
+	}
+	if m := c.TransportMode(); !strings.HasPrefix(m, "tcp(DFKV_RDMA_PROTOCOL=1") {
+		t.Fatalf("transport mode %q", m)
+	}
+	if s.metric("dfkv_rdma_v2_conns_opened_total") != 0 {
+		t.Fatal("a forced-v1 client opened a v2 connection")
+	}
+}
