@@ -34,8 +34,8 @@ type RDMAOptions struct {
 	// MaxBlock is the declared largest value (default 4 MiB, at most Limits.MaxValue). It
 	// sizes the server's slots (depth x block per connection); larger values use TCP.
 	MaxBlock uint64
-	// ForceV1 (DFKV_RDMA_PROTOCOL=1) asks for RDMA v1. This build has no v1 data path, so
-	// it means TCP, said in TransportMode.
+	// ForceV1 (DFKV_RDMA_PROTOCOL=1) offers RDMA v1 (SEND/RECV) instead of v2. An auto
+	// client that a server answers with v1 reconnects offering v1 on its own.
 	ForceV1 bool
 }
 
@@ -69,6 +69,7 @@ func (c *Client) registerRDMAMetrics() {
 type peerRDMA struct {
 	mu     sync.Mutex
 	tcp    bool // the server answered that it does not serve (our) RDMA: stay on TCP
+	v1     bool // the server answers v1: offer v1 from the start
 	idle   []*onesided.Client
 	all    map[*onesided.Client]struct{}
 	closed bool
@@ -171,10 +172,6 @@ func (c *Client) rdmaConn(p *peer) *onesided.Client {
 	if o == nil {
 		return nil
 	}
-	if o.ForceV1 {
-		c.setTCPReason("DFKV_RDMA_PROTOCOL=1 asks for RDMA v1, whose SEND/RECV data path this build does not have")
-		return nil
-	}
 	r := &p.rdma
 	r.mu.Lock()
 	if r.tcp || r.closed {
@@ -187,7 +184,26 @@ func (c *Client) rdmaConn(p *peer) *onesided.Client {
 		r.mu.Unlock()
 		return oc
 	}
+	v1 := r.v1 || o.ForceV1
 	r.mu.Unlock()
+	oc := c.rdmaDial(p, v1)
+	if oc == nil && !v1 && p.rdma.speaksV1() {
+		// The server answered v1: never change protocol on that QP; open a fresh connection
+		// offering v1.
+		oc = c.rdmaDial(p, true)
+	}
+	return oc
+}
+
+func (r *peerRDMA) speaksV1() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.v1
+}
+
+// rdmaDial bootstraps one RDMA connection to p offering v1 or v2, or returns nil (TCP).
+func (c *Client) rdmaDial(p *peer, v1 bool) *onesided.Client {
+	o, r := c.opts.RDMA, &p.rdma
 	prov, err := c.rdmaProvider()
 	if err != nil {
 		c.setTCPReason(err.Error())
@@ -214,11 +230,15 @@ func (c *Client) rdmaConn(p *peer) *onesided.Client {
 		return nil
 	}
 	oc, err := onesided.Dial(bufConn{Conn: pc.nc, r: pc.br}, onesided.Config{Provider: prov, Device: o.Device,
-		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m})
+		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
+		ForceV1: v1})
 	switch {
 	case err == nil:
 	case errors.Is(err, dcp.ErrFallbackV1):
-		c.markTCP(p, fmt.Sprintf("server %s forces RDMA v1, whose data path this build does not have", p.addr))
+		r.mu.Lock()
+		r.v1 = true
+		r.mu.Unlock()
+		c.setTCPReason(fmt.Sprintf("server %s answers RDMA v1", p.addr))
 		return nil
 	case errors.Is(err, verbs.ErrNoDevice), errors.Is(err, verbs.ErrUnavailable), errors.Is(err, dcp.ErrRefused):
 		c.markTCP(p, err.Error())

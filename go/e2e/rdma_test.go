@@ -267,31 +267,46 @@ func TestRDMAGoClient(t *testing.T) {
 	}
 }
 
-// A client forced to v1 (DFKV_RDMA_PROTOCOL=1) uses TCP and says why: this build has no v1
-// data path.
-func TestRDMAForcedV1Client(t *testing.T) {
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft")
-	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(client.Options{Membership: ms, RDMA: &client.RDMAOptions{Provider: "soft", ForceV1: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	v := rnd(5000, 1)
-	got := make([]byte, len(v))
-	if err := c.Put([]byte("k"), v); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Get([]byte("k"), got); err != nil || !bytes.Equal(got, v) {
-		t.Fatalf("get: %v", err)
-	}
-	if m := c.TransportMode(); !strings.HasPrefix(m, "tcp(DFKV_RDMA_PROTOCOL=1") {
-		t.Fatalf("transport mode %q", m)
-	}
-	if s.metric("dfkv_rdma_v2_conns_opened_total") != 0 {
-		t.Fatal("a forced-v1 client opened a v2 connection")
+// v1 (SEND/RECV): a client forced to v1 (DFKV_RDMA_PROTOCOL=1) against an auto server, and
+// an auto client against a forced-v1 server (it reconnects offering v1), byte-exact.
+func TestRDMAV1(t *testing.T) {
+	auto := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft")
+	forced := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--rdma-server-protocol", "1")
+	for _, tc := range []struct {
+		srv      *serverProc
+		clientV1 bool
+	}{{auto, true}, {forced, false}} {
+		ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: tc.srv.addr, Weight: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := client.New(client.Options{Membership: ms, IOTimeout: 30 * time.Second,
+			RDMA: &client.RDMAOptions{Provider: "soft", ForceV1: tc.clientV1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, n := range []int{1, 5000, 4 << 20} {
+			key := []byte{byte(i)}
+			v := rnd(n, uint64(70+i))
+			got := make([]byte, n)
+			if err := c.Put(key, v); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Get(key, got); err != nil || !bytes.Equal(got, v) {
+				t.Fatalf("v1 get %d: %v", n, err)
+			}
+			if m, err := c.GetAuto(key, make([]byte, n+1)); err != nil || m != n {
+				t.Fatalf("v1 get auto %d: %d %v", n, m, err)
+			}
+		}
+		mode := c.TransportMode()
+		c.Close()
+		if mode != "rdma" {
+			t.Fatalf("client v1=%v: transport mode %q", tc.clientV1, mode)
+		}
+		if tc.srv.metric("dfkv_rdma_v1_conns_opened_total") != 1 || tc.srv.metric("dfkv_rdma_v2_conns_opened_total") != 0 ||
+			tc.srv.metric("dfkv_rdma_v1_puts_total") != 3 {
+			t.Fatalf("client v1=%v: v1 counters did not move as expected", tc.clientV1)
+		}
 	}
 }

@@ -53,6 +53,9 @@ type Client struct {
 	resp     verbs.MR
 	M        *Metrics
 	active   bool
+	v1       bool   // DCP1: requests and replies by SEND/RECV
+	slotB    uint64 // slot bytes (v2: the lease's; v1: the receive buffers')
+	respB    int    // bytes per reply buffer (v2: a prefix; v1: a slot)
 
 	mu     sync.Mutex
 	user   []verbs.MR // registered caller memory, sorted by address
@@ -100,6 +103,9 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	local := dcp.Rail{Device: c.ctx.Info().Name, Port: port.Num, LID: port.LID, GID: port.GID,
 		QPNum: c.qp.Num(), PSN: rand.Uint32() & 0xffffff, MTU: port.MTU}
 	offer := dcp.Tail{Version: dcp.V2, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, MaxTargets: min(cfg.MaxTargets, maxTargetsInSlot), Rails: []dcp.Rail{local}}
+	if cfg.ForceV1 {
+		offer = dcp.Tail{Version: dcp.V1, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, Rails: []dcp.Rail{local}}
+	}
 	if err := writeFrame(boot, frameTail, dcp.Encode(offer), cfg.IOTimeout); err != nil {
 		return nil, fmt.Errorf("onesided: send offer: %w", err)
 	}
@@ -114,20 +120,26 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c.tail, c.seg, c.depth = ans, ans.Segments[0], int(ans.Depth)
+	c.tail, c.depth, c.v1 = ans, int(ans.Depth), ans.Version == dcp.V1
+	if c.v1 {
+		c.slotB, c.respB = dcp.SlotSize(ans.MaxBlock), int(dcp.SlotSize(ans.MaxBlock))
+	} else {
+		c.seg = ans.Segments[0]
+		c.slotB, c.respB = c.seg.SlotBytes, wire.ResponseSize
+	}
 	if c.hdrBuf, err = verbs.AllocBuffer(c.depth * dcp.SlotPayloadOffset); err != nil {
 		return nil, err
 	}
 	if c.hdr, err = c.pd.RegMR(c.hdrBuf.Bytes(), verbs.AccessLocalWrite); err != nil {
 		return nil, err
 	}
-	if c.stageBuf, err = verbs.AllocBuffer(c.depth * int(c.seg.SlotBytes)); err != nil {
+	if c.stageBuf, err = verbs.AllocBuffer(c.depth * int(c.slotB)); err != nil {
 		return nil, err
 	}
 	if c.stage, err = c.pd.RegMR(c.stageBuf.Bytes(), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 		return nil, err
 	}
-	if c.respBuf, err = verbs.AllocBuffer(c.depth * wire.ResponseSize); err != nil {
+	if c.respBuf, err = verbs.AllocBuffer(c.depth * c.respB); err != nil {
 		return nil, err
 	}
 	if c.resp, err = c.pd.RegMR(c.respBuf.Bytes(), verbs.AccessLocalWrite); err != nil {
@@ -135,7 +147,7 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	}
 	recvs := make([]verbs.RecvWR, c.depth)
 	for i := range recvs {
-		recvs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{verbs.SGEOf(c.resp, i*wire.ResponseSize, wire.ResponseSize)}}
+		recvs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{verbs.SGEOf(c.resp, i*c.respB, c.respB)}}
 	}
 	if err := verbs.Connect(c.qp, port.Num, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, local.Endpoint(), ans.Rails[0].Endpoint()); err != nil {
 		return nil, err
@@ -143,7 +155,11 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	if _, err := c.qp.PostRecv(recvs); err != nil {
 		return nil, err
 	}
-	c.M.V2ConnsOpened.Add(1)
+	if c.v1 {
+		c.M.V1ConnsOpened.Add(1)
+	} else {
+		c.M.V2ConnsOpened.Add(1)
+	}
 	c.M.ActiveConns.Add(1)
 	c.active = true
 	return c, nil
@@ -282,11 +298,14 @@ func (c *Client) breakLocked(err error) error {
 }
 
 func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
+	if c.v1 {
+		return c.postV1(ctx, op)
+	}
 	slot := c.next
 	p := pending{op: op, slot: slot}
 	req := wire.Request{Op: op.Kind, Tenant: op.Tenant, ID: op.ID, Offset: op.Offset, Length: op.Length}
 	hdr := c.hdrBuf.Bytes()[slot*dcp.SlotPayloadOffset : (slot+1)*dcp.SlotPayloadOffset]
-	remote := c.seg.Addr + uint64(slot)*c.seg.SlotBytes
+	remote := c.seg.Addr + uint64(slot)*c.slotB
 	var wrs []verbs.SendWR
 	hdrLen := wire.RequestSize
 	switch op.Kind {
@@ -301,12 +320,12 @@ func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
 		req.PayloadLen = total
 		sgl, ok := c.gather(op.Value)
 		if !ok { // unregistered memory or too many pieces: copy into the staging slot
-			st := c.stageBuf.Bytes()[uint64(slot)*c.seg.SlotBytes:]
+			st := c.stageBuf.Bytes()[uint64(slot)*c.slotB:]
 			off := 0
 			for _, v := range op.Value {
 				off += copy(st[off:], v)
 			}
-			sgl = []verbs.SGE{verbs.SGEOf(c.stage, slot*int(c.seg.SlotBytes), int(total))}
+			sgl = []verbs.SGE{verbs.SGEOf(c.stage, slot*int(c.slotB), int(total))}
 		}
 		wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWrite, SGL: sgl,
 			RemoteAddr: remote + dcp.SlotPayloadOffset, RKey: c.seg.RKey})
@@ -338,8 +357,8 @@ func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
 			tg = append(tg, target{addr: m.Addr() + uint64(off), rkey: m.RKey() ^ testTargetRKeyXor, len: uint32(len(d))})
 		}
 		if !registered {
-			n := min(capacity, c.seg.SlotBytes)
-			tg = []target{{addr: c.stage.Addr() + uint64(slot)*c.seg.SlotBytes, rkey: c.stage.RKey(), len: uint32(n)}}
+			n := min(capacity, c.slotB)
+			tg = []target{{addr: c.stage.Addr() + uint64(slot)*c.slotB, rkey: c.stage.RKey(), len: uint32(n)}}
 			p.bounce = true
 		}
 		req.Count = uint32(len(tg))
@@ -354,30 +373,34 @@ func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
 	req.Encode(hdr)
 	wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWriteWithImm, Flags: verbs.SendSignaled,
 		SGL: []verbs.SGE{verbs.SGEOf(c.hdr, slot*dcp.SlotPayloadOffset, hdrLen)}, RemoteAddr: remote, RKey: c.seg.RKey, Imm: uint32(slot)})
-	// As on hardware, send queue entries come back only with polled completions: wait for
-	// room rather than overrun the queue.
+	return p, c.postWRs(ctx, slot, wrs)
+}
+
+// postWRs posts one request's WRs once the send queue has room for them (as on hardware,
+// entries come back only with polled completions), and advances the slot.
+func (c *Client) postWRs(ctx context.Context, slot int, wrs []verbs.SendWR) error {
 	if c.sqUsed+len(wrs) > c.sqMax {
 		wctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
 		defer cancel()
 		for c.sqUsed+len(wrs) > c.sqMax {
 			if err := c.reapSend(); err != nil {
-				return p, fmt.Errorf("%w: %v", ErrBroken, err)
+				return fmt.Errorf("%w: %v", ErrBroken, err)
 			}
 			if c.sqUsed+len(wrs) <= c.sqMax {
 				break
 			}
 			if err := c.scq.Wait(wctx); err != nil {
-				return p, fmt.Errorf("%w: waiting for send queue room: %v", ErrBroken, err)
+				return fmt.Errorf("%w: waiting for send queue room: %v", ErrBroken, err)
 			}
 		}
 	}
 	if _, err := c.qp.PostSend(wrs); err != nil {
-		return p, fmt.Errorf("%w: post: %v", ErrBroken, err)
+		return fmt.Errorf("%w: post: %v", ErrBroken, err)
 	}
 	c.sqUsed += len(wrs)
 	c.sqFIFO = append(c.sqFIFO, len(wrs))
 	c.next = (c.next + 1) % c.depth
-	return p, nil
+	return nil
 }
 
 // gather returns SGEs for vs when all lie in registered memory and fit one WR.
@@ -410,7 +433,11 @@ func (c *Client) reapSend() error {
 				countError(c.M, wc)
 				return wc.Err()
 			}
-			if wc.ID >= uint64(c.depth) || wc.Opcode != verbs.WCWrite || len(c.sqFIFO) == 0 {
+			want := verbs.WCWrite
+			if c.v1 {
+				want = verbs.WCSend
+			}
+			if wc.ID >= uint64(c.depth) || wc.Opcode != want || len(c.sqFIFO) == 0 {
 				return fmt.Errorf("unexpected send completion %+v", wc)
 			}
 			// Signaled completions arrive in posting order (RC).
@@ -453,10 +480,11 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 		countError(c.M, wc)
 		return wc.Err()
 	}
-	if wc.Opcode != verbs.WCRecv || wc.HasImm || wc.ByteLen != wire.ResponseSize || wc.ID != uint64(p.slot) {
+	if wc.Opcode != verbs.WCRecv || wc.HasImm || wc.ByteLen < wire.ResponseSize || int(wc.ByteLen) > c.respB ||
+		(!c.v1 && wc.ByteLen != wire.ResponseSize) || wc.ID != uint64(p.slot) {
 		return fmt.Errorf("reply completion %+v for slot %d", wc, p.slot)
 	}
-	r := c.respBuf.Bytes()[p.slot*wire.ResponseSize : (p.slot+1)*wire.ResponseSize]
+	r := c.respBuf.Bytes()[p.slot*c.respB : p.slot*c.respB+int(wc.ByteLen)]
 	resp, err := wire.DecodeResponse(r)
 	if err != nil {
 		return fmt.Errorf("reply prefix: %v", err)
@@ -464,18 +492,36 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 	if resp.Op != p.op.Kind {
 		return fmt.Errorf("reply op %s for a %s", resp.Op, p.op.Kind)
 	}
-	if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: uint64(p.slot), SGL: []verbs.SGE{verbs.SGEOf(c.resp, p.slot*wire.ResponseSize, wire.ResponseSize)}}}); err != nil {
-		return fmt.Errorf("repost receive: %v", err)
+	if c.v1 && resp.PayloadLen != uint64(wc.ByteLen)-wire.ResponseSize {
+		return fmt.Errorf("reply claims %d payload bytes in a %d-byte message", resp.PayloadLen, wc.ByteLen)
 	}
 	op := p.op
 	op.Status, op.ValueLen = resp.Status, resp.ValueLen
+	if c.v1 && op.Kind == fb.OpGet && resp.Status == fb.StatusOk {
+		// v1: the value came in the reply; the destination's capacity is checked here.
+		if resp.PayloadLen > p.capSize {
+			op.Status = fb.StatusBufferTooSmall
+		} else {
+			st := r[wire.ResponseSize:]
+			for _, d := range op.Dst {
+				st = st[copy(d, st):]
+			}
+			op.N = int(resp.PayloadLen)
+		}
+	}
+	if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: uint64(p.slot), SGL: []verbs.SGE{verbs.SGEOf(c.resp, p.slot*c.respB, c.respB)}}}); err != nil {
+		return fmt.Errorf("repost receive: %v", err)
+	}
+	if c.v1 {
+		return nil
+	}
 	if op.Kind == fb.OpGet && resp.Status == fb.StatusOk {
 		if resp.PayloadLen > p.capSize {
 			return fmt.Errorf("reply claims %d bytes for %d of targets", resp.PayloadLen, p.capSize)
 		}
 		op.N = int(resp.PayloadLen)
 		if p.bounce {
-			st := c.stageBuf.Bytes()[uint64(p.slot)*c.seg.SlotBytes:]
+			st := c.stageBuf.Bytes()[uint64(p.slot)*c.slotB:]
 			st = st[:resp.PayloadLen]
 			for _, d := range op.Dst {
 				st = st[copy(d, st):]
@@ -483,4 +529,49 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 		}
 	}
 	return nil
+}
+
+// postV1 sends one request by SEND: the prefix (and a PUT's payload) gathered from
+// registered memory, or copied into the slot's staging buffer.
+func (c *Client) postV1(ctx context.Context, op *Op) (pending, error) {
+	slot := c.next
+	p := pending{op: op, slot: slot}
+	req := wire.Request{Op: op.Kind, Tenant: op.Tenant, ID: op.ID, Offset: op.Offset, Length: op.Length}
+	hdr := c.hdrBuf.Bytes()[slot*dcp.SlotPayloadOffset : (slot+1)*dcp.SlotPayloadOffset]
+	sgl := []verbs.SGE{verbs.SGEOf(c.hdr, slot*dcp.SlotPayloadOffset, wire.RequestSize)}
+	switch op.Kind {
+	case fb.OpPut:
+		var total uint64
+		for _, v := range op.Value {
+			total += uint64(len(v))
+		}
+		if total == 0 || total > c.tail.MaxBlock {
+			return p, fmt.Errorf("onesided: value of %d bytes (1..%d)", total, c.tail.MaxBlock)
+		}
+		req.PayloadLen = total
+		if g, ok := c.gather(op.Value); ok && len(g)+1 <= min(max(c.ctx.Info().MaxSGE, 1), 16) {
+			sgl = append(sgl, g...)
+		} else {
+			st := c.stageBuf.Bytes()[uint64(slot)*c.slotB:]
+			off := 0
+			for _, v := range op.Value {
+				off += copy(st[off:], v)
+			}
+			sgl = append(sgl, verbs.SGEOf(c.stage, slot*int(c.slotB), int(total)))
+		}
+		c.M.V1Puts.Add(1)
+	case fb.OpGet:
+		for _, d := range op.Dst {
+			p.capSize += uint64(len(d))
+		}
+		if p.capSize == 0 {
+			return p, fmt.Errorf("onesided: GET without a destination")
+		}
+		c.M.V1Gets.Add(1)
+	case fb.OpExist, fb.OpRemove:
+	default:
+		return p, fmt.Errorf("onesided: op %s not supported over RDMA", op.Kind)
+	}
+	req.Encode(hdr)
+	return p, c.postWRs(ctx, slot, []verbs.SendWR{{ID: uint64(slot), Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGL: sgl}})
 }

@@ -26,7 +26,8 @@ type Config struct {
 	MaxTargets uint32
 	// SegmentBytes is the server's receive segment budget, shared by all connections.
 	SegmentBytes uint64
-	// ForceV1 makes the server answer every offer with v1 (DFKV_RDMA_SERVER_PROTOCOL=1).
+	// ForceV1: a server answers every offer with v1 (DFKV_RDMA_SERVER_PROTOCOL=1); a client
+	// offers v1 (DFKV_RDMA_PROTOCOL=1, or after a server asked it to fall back).
 	ForceV1   bool
 	IOTimeout time.Duration
 	Logger    *slog.Logger
@@ -69,8 +70,6 @@ func (c *Config) limits() dcp.Limits {
 var (
 	// ErrRefused: the server refused the bootstrap (its reason is in the message).
 	ErrRefused = errors.New("onesided: server refused RDMA")
-	// ErrV1NotImplemented: the v1 SEND/RECV data path is not in this build.
-	ErrV1NotImplemented = errors.New("onesided: RDMA v1 SEND/RECV data path not implemented")
 	// ErrBroken: the connection failed (completion error, protocol violation, timeout); it
 	// must be closed and its outstanding requests retried elsewhere or failed.
 	ErrBroken = errors.New("onesided: connection broken")
@@ -118,6 +117,8 @@ type Metrics struct {
 	PinWaits         atomic.Int64 // a request waited for its slot's previous SEND completion
 	PinsHeld         atomic.Int64
 	ZeroCopyGets     atomic.Int64 // GETs written straight from the RAM tier's arena
+	V1Puts           atomic.Int64
+	V1Gets           atomic.Int64
 }
 
 // Snapshot returns the metrics by their exported names.
@@ -134,6 +135,8 @@ func (m *Metrics) Snapshot() map[string]float64 {
 		"dfkv_rdma_pin_waits_total":         float64(m.PinWaits.Load()),
 		"dfkv_rdma_pins_held":               float64(m.PinsHeld.Load()),
 		"dfkv_rdma_v2_get_zero_copy_total":  float64(m.ZeroCopyGets.Load()),
+		"dfkv_rdma_v1_puts_total":           float64(m.V1Puts.Load()),
+		"dfkv_rdma_v1_gets_total":           float64(m.V1Gets.Load()),
 	}
 }
 

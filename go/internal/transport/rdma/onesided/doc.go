@@ -1,6 +1,7 @@
-// Package onesided is dfkv's RDMA v2 data plane over the verbs seam: the bootstrap on an
+// Package onesided is dfkv's RDMA data plane over the verbs seam: the bootstrap on an
 // existing TCP data connection (a dcp offer and answer), then requests and replies over
-// one RC queue pair per connection.
+// one RC queue pair per connection — v2 one-sided as below, or v1 (DCP1) SEND/RECV both
+// ways (v1.go), as negotiated.
 //
 //   - Every request is an RDMA WRITE_WITH_IMM of a dfkv request prefix (plus, for GET, the
 //     client's {addr, rkey, len} targets) into slot imm of the connection's lease of the

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -221,7 +222,6 @@ func TestForcedV1ServerAndBadTails(t *testing.T) {
 	for name, body := range map[string][]byte{
 		"garbage":       []byte("not a flatbuffer at all"),
 		"no rails":      dcp.Encode(dcp.Tail{Version: dcp.V2, MaxBlock: 4096, Depth: 2, MaxTargets: 1}),
-		"v1 offer":      dcp.Encode(dcp.Tail{Version: dcp.V1, MaxBlock: 4096, Depth: 2, Rails: []dcp.Rail{{Device: "x", Port: 1, GID: verbs.GID{1}, QPNum: 5, MTU: 4096}}}),
 		"block too big": dcp.Encode(dcp.Tail{Version: dcp.V2, MaxBlock: 1 << 40, Depth: 2, MaxTargets: 1, Rails: []dcp.Rail{{Device: "x", Port: 1, GID: verbs.GID{1}, QPNum: 5, MTU: 4096}}}),
 	} {
 		b, err := net.Dial("tcp", ts2.ln.Addr().String())
@@ -244,8 +244,8 @@ func TestForcedV1ServerAndBadTails(t *testing.T) {
 	if err := c.Do(context.Background(), []*Op{op}); err != nil || op.Status != fb.StatusOk {
 		t.Fatalf("after refusals: %v %s", err, op.Status)
 	}
-	if got := ts2.s.Stats()["dfkv_rdma_refused_total"]; got != 4 {
-		t.Fatalf("refused %v, want 4", got)
+	if got := ts2.s.Stats()["dfkv_rdma_refused_total"]; got != 3 {
+		t.Fatalf("refused %v, want 3", got)
 	}
 }
 
@@ -391,6 +391,8 @@ func TestZeroCopyFromRAMTierKeepsPinUntilSendCompletes(t *testing.T) {
 	}})
 	ts := startServer(t, Config{Provider: softProvider(t, soft.Options{}), Depth: 2}, tier)
 	c, _ := dial(t, ts, Config{Provider: pc, Depth: 2})
+	unhold := sync.OnceFunc(func() { holding.Store(false); close(release) })
+	t.Cleanup(unhold) // runs before the connection closes, also when the test fails early
 	ctx := context.Background()
 	v := randBytes(300<<10, 3)
 	if err := c.Do(ctx, []*Op{{Kind: fb.OpPut, ID: oid(1), Value: [][]byte{v}}}); err != nil {
@@ -421,8 +423,7 @@ func TestZeroCopyFromRAMTierKeepsPinUntilSendCompletes(t *testing.T) {
 	if p := tier.RAMStats().Pinned; p != 1 {
 		t.Fatalf("pin lost under churn: %d", p)
 	}
-	holding.Store(false)
-	close(release)
+	unhold()
 	deadline := time.Now().Add(20 * time.Second)
 	for tier.RAMStats().Pinned != 0 {
 		// Watching a gauge, not standing in for an event: the server drops the pin as soon
@@ -435,5 +436,91 @@ func TestZeroCopyFromRAMTierKeepsPinUntilSendCompletes(t *testing.T) {
 	get = &Op{Kind: fb.OpGet, ID: oid(1), Dst: [][]byte{dst}}
 	if err := c.Do(ctx, []*Op{get}); err != nil || !bytes.Equal(dst, w) {
 		t.Fatalf("get after overwrite: %v %s", err, get.Status)
+	}
+}
+
+// v1 (DCP1): SEND/RECV requests and replies, byte-exact, for a client forced to v1 and for
+// an auto client that a forced-v1 server sends back to reconnect.
+func TestV1SendRecv(t *testing.T) {
+	p := softProvider(t, soft.Options{Devices: 2})
+	for _, forced := range []bool{false, true} {
+		ts := startServer(t, Config{Provider: p, Device: "soft0", MaxBlock: 4 << 20, ForceV1: forced}, store.NewMem(1<<30))
+		cfg := Config{Provider: p, Device: "soft1", MaxBlock: 2 << 20, Depth: 4, ForceV1: !forced}
+		if forced {
+			boot, err := net.Dial("tcp", ts.ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Dial(boot, cfg); !errors.Is(err, dcp.ErrFallbackV1) {
+				t.Fatalf("auto client against a forced-v1 server: %v", err)
+			}
+			cfg.ForceV1 = true // a fresh connection offering v1
+		}
+		c, _ := dial(t, ts, cfg)
+		ctx := context.Background()
+		reg, _ := verbs.AllocBuffer(1 << 20)
+		defer reg.Free()
+		if err := c.RegisterMemory(reg.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		var ops []*Op
+		vals := map[int][]byte{}
+		for i, n := range []int{1, 4095, 4096, 100000, 1<<20 + 3, 2 << 20} {
+			v := randBytes(n, uint64(200+i))
+			vals[i] = v
+			ops = append(ops, &Op{Kind: fb.OpPut, ID: oid(i), Value: [][]byte{v[:n/2], v[n/2:]}})
+		}
+		copy(reg.Bytes(), randBytes(1<<20, 9))
+		ops = append(ops, &Op{Kind: fb.OpPut, ID: oid(50), Value: [][]byte{reg.Bytes()}}) // gathered from registered memory
+		if err := c.Do(ctx, ops); err != nil {
+			t.Fatal(err)
+		}
+		for i, op := range ops {
+			if op.Status != fb.StatusOk {
+				t.Fatalf("put %d: %s", i, op.Status)
+			}
+		}
+		ops = ops[:0]
+		for i := range vals {
+			n := len(vals[i])
+			ops = append(ops, &Op{Kind: fb.OpGet, ID: oid(i), Dst: [][]byte{make([]byte, n/3), make([]byte, n-n/3)}},
+				&Op{Kind: fb.OpGet, ID: oid(i), Offset: uint64(n / 2), Length: uint64(n - n/2), Dst: [][]byte{make([]byte, n-n/2)}},
+				&Op{Kind: fb.OpExist, ID: oid(i)})
+		}
+		small := &Op{Kind: fb.OpGet, ID: oid(3), Dst: [][]byte{make([]byte, 10)}}
+		regGet := &Op{Kind: fb.OpGet, ID: oid(50), Dst: [][]byte{make([]byte, 1<<20)}}
+		rm := &Op{Kind: fb.OpRemove, ID: oid(0)}
+		miss := &Op{Kind: fb.OpGet, ID: oid(0), Dst: [][]byte{make([]byte, 1)}}
+		ops = append(ops, small, regGet, rm, miss)
+		if err := c.Do(ctx, ops); err != nil {
+			t.Fatal(err)
+		}
+		for k := 0; k < len(vals); k++ {
+			whole, rng, ex := ops[3*k], ops[3*k+1], ops[3*k+2]
+			v := vals[int(whole.ID.Lo)]
+			got := append(append([]byte(nil), whole.Dst[0]...), whole.Dst[1]...)
+			if whole.Status != fb.StatusOk || whole.N != len(v) || !bytes.Equal(got, v) {
+				t.Fatalf("v1 get %d bytes: %s n=%d", len(v), whole.Status, whole.N)
+			}
+			if rng.Status != fb.StatusOk || !bytes.Equal(rng.Dst[0], v[len(v)/2:]) {
+				t.Fatalf("v1 range of %d bytes: %s", len(v), rng.Status)
+			}
+			if ex.Status != fb.StatusOk || ex.ValueLen != uint64(len(v)) {
+				t.Fatalf("v1 exist: %+v", ex)
+			}
+		}
+		if small.Status != fb.StatusBufferTooSmall || small.ValueLen != uint64(len(vals[3])) {
+			t.Fatalf("v1 get into a short buffer: %s %d", small.Status, small.ValueLen)
+		}
+		if regGet.Status != fb.StatusOk || !bytes.Equal(regGet.Dst[0], reg.Bytes()) {
+			t.Fatalf("v1 get of the registered value: %s", regGet.Status)
+		}
+		if rm.Status != fb.StatusOk || miss.Status != fb.StatusNotFound {
+			t.Fatalf("v1 remove %s, get after %s", rm.Status, miss.Status)
+		}
+		st := ts.s.Stats()
+		if st["dfkv_rdma_v1_conns_opened_total"] != 1 || st["dfkv_rdma_v2_conns_opened_total"] != 0 || st["dfkv_rdma_v1_puts_total"] != 7 {
+			t.Fatalf("forced=%v: server counters %v", forced, st)
+		}
 	}
 }

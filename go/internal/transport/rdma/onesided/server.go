@@ -143,7 +143,7 @@ func (s *Server) Serve(ctx context.Context, boot net.Conn) error {
 			writeFrame(boot, frameTail, dcp.Encode(ans), cfg.IOTimeout)
 			return nil
 		}
-		return s.refuse(boot, ErrV1NotImplemented)
+		return s.serveV1(ctx, boot, offer)
 	}
 	return s.serveV2(ctx, boot, offer)
 }
