@@ -71,13 +71,19 @@ func (p *Provider) load() error {
 	p.once.Do(func() {
 		loadMu.Lock()
 		defer loadMu.Unlock()
-		if loaded != "" && loaded != p.opt.Library {
-			p.loadErr = fmt.Errorf("%w: ibverbs: %s is loaded already; cannot load %s", verbs.ErrUnavailable, loaded, p.opt.Library)
-			return
-		}
 		path := C.CString(p.opt.Library)
 		defer C.free(unsafe.Pointer(path))
 		var buf [512]C.char
+		if loaded != "" && loaded != p.opt.Library {
+			// Say what is wrong with the other library if anything; else that it cannot
+			// replace the loaded one.
+			if C.dfkv_ibv_probe(path, &buf[0], C.size_t(len(buf))) != 0 {
+				p.loadErr = fmt.Errorf("%w: ibverbs: %s", verbs.ErrUnavailable, strings.ReplaceAll(C.GoString(&buf[0]), "\n", " "))
+				return
+			}
+			p.loadErr = fmt.Errorf("%w: ibverbs: %s is loaded already; cannot load %s", verbs.ErrUnavailable, loaded, p.opt.Library)
+			return
+		}
 		if C.dfkv_ibv_load(path, &buf[0], C.size_t(len(buf))) != 0 {
 			msg := strings.ReplaceAll(C.GoString(&buf[0]), "\n", " ")
 			p.loadErr = fmt.Errorf("%w: ibverbs: %s", verbs.ErrUnavailable, msg)

@@ -16,7 +16,8 @@ import (
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 )
 
-// The failing-load tests come first: once a library loads, the process keeps it.
+// A process keeps the first library that loads; a later provider naming another library
+// still gets that library's own failure (dlopen, dlsym) reported, in any test order.
 
 func oneLine(t *testing.T, err error) {
 	t.Helper()

@@ -13,7 +13,7 @@
 
 // Entry points resolved from the library. The exported ibv_query_port takes the old
 // (compat) port attribute struct, a prefix of today's struct ibv_port_attr.
-static struct {
+struct fns {
 	struct ibv_device **(*get_device_list)(int *);
 	void (*free_device_list)(struct ibv_device **);
 	const char *(*get_device_name)(struct ibv_device *);
@@ -35,33 +35,23 @@ static struct {
 	struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
 	int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
 	int (*destroy_qp)(struct ibv_qp *);
-} fn;
+};
+static struct fns fn;
 
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
 static void *lib;
 
 #define RESOLVE(field, name)                                                   \
 	do {                                                                   \
-		*(void **)(&fn.field) = dlsym(h, name);                        \
-		if (!fn.field) {                                               \
+		*(void **)(&t->field) = dlsym(h, name);                        \
+		if (!t->field) {                                               \
 			snprintf(err, errlen, "dlsym %s in %s: %s", name, path, \
 				 dlerror());                                   \
-			goto fail;                                             \
+			return -1;                                             \
 		}                                                              \
 	} while (0)
 
-int dfkv_ibv_load(const char *path, char *err, size_t errlen) {
-	pthread_mutex_lock(&load_mu);
-	if (lib) {
-		pthread_mutex_unlock(&load_mu);
-		return 0;
-	}
-	void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-	if (!h) {
-		snprintf(err, errlen, "dlopen %s: %s", path, dlerror());
-		pthread_mutex_unlock(&load_mu);
-		return -1;
-	}
+static int resolve_all(void *h, const char *path, struct fns *t, char *err, size_t errlen) {
 	RESOLVE(get_device_list, "ibv_get_device_list");
 	RESOLVE(free_device_list, "ibv_free_device_list");
 	RESOLVE(get_device_name, "ibv_get_device_name");
@@ -83,14 +73,43 @@ int dfkv_ibv_load(const char *path, char *err, size_t errlen) {
 	RESOLVE(create_qp, "ibv_create_qp");
 	RESOLVE(modify_qp, "ibv_modify_qp");
 	RESOLVE(destroy_qp, "ibv_destroy_qp");
+	return 0;
+}
+
+int dfkv_ibv_load(const char *path, char *err, size_t errlen) {
+	pthread_mutex_lock(&load_mu);
+	if (lib) {
+		pthread_mutex_unlock(&load_mu);
+		return 0;
+	}
+	void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	if (!h) {
+		snprintf(err, errlen, "dlopen %s: %s", path, dlerror());
+		pthread_mutex_unlock(&load_mu);
+		return -1;
+	}
+	struct fns t;
+	if (resolve_all(h, path, &t, err, errlen) != 0) {
+		dlclose(h);
+		pthread_mutex_unlock(&load_mu);
+		return -1;
+	}
+	fn = t;
 	lib = h;
 	pthread_mutex_unlock(&load_mu);
 	return 0;
-fail:
-	memset(&fn, 0, sizeof fn);
+}
+
+int dfkv_ibv_probe(const char *path, char *err, size_t errlen) {
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		snprintf(err, errlen, "dlopen %s: %s", path, dlerror());
+		return -1;
+	}
+	struct fns t;
+	int rc = resolve_all(h, path, &t, err, errlen);
 	dlclose(h);
-	pthread_mutex_unlock(&load_mu);
-	return -1;
+	return rc;
 }
 
 struct ibv_device **dfkv_ibv_get_device_list(int *n, int *err) {

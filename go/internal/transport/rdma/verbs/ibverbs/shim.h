@@ -9,6 +9,8 @@
 
 // dfkv_ibv_load opens the library once; 0 on success, else -1 with a message in err.
 int dfkv_ibv_load(const char *path, char *err, size_t errlen);
+// dfkv_ibv_probe checks that path loads and has every entry point, without keeping it.
+int dfkv_ibv_probe(const char *path, char *err, size_t errlen);
 
 struct ibv_device **dfkv_ibv_get_device_list(int *n, int *err);
 void dfkv_ibv_free_device_list(struct ibv_device **l);
