@@ -34,6 +34,8 @@ need_apt=()
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v g++ >/dev/null || need_apt+=(g++)
+# rdma-core headers for the ibverbs provider's cgo (the library itself is dlopen'ed at run time)
+[ -e /usr/include/infiniband/verbs.h ] || need_apt+=(libibverbs-dev)
 # the Bazel route's wheel check makes a virtualenv (Debian splits venv/ensurepip out)
 python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then

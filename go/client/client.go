@@ -17,6 +17,7 @@ import (
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/transport"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
 	"github.com/dfkv/dfkv/go/internal/wire"
@@ -51,6 +52,7 @@ type Options struct {
 	// are better served by the netpoller. Linux, kernel-socket transports only (others
 	// ignore it). Deadlines, retries and the cool-down behave the same.
 	BlockingIO bool
+	RDMA             *RDMAOptions // nil = TCP only
 }
 
 // Client is safe for concurrent use.
@@ -62,6 +64,7 @@ type Client struct {
 	mu     sync.RWMutex
 	peers  map[string]*peer // by address
 	closed atomic.Bool
+	rdma   rdmaState
 }
 
 // New returns a client. It does not connect until the first request.
@@ -109,6 +112,9 @@ func New(opts Options) (*Client, error) {
 	if col, ok := opts.Membership.(prometheus.Collector); ok {
 		_ = c.m.reg.Register(col)
 	}
+	if opts.RDMA != nil {
+		c.registerRDMAMetrics()
+	}
 	return c, nil
 }
 
@@ -127,9 +133,6 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	return c.opts.Membership.Close()
 }
-
-// TransportMode names the data transport.
-func (c *Client) TransportMode() string { return c.opts.Dialer.Mode() }
 
 // MaxSGSegs is the most segments one scatter-gather item may have.
 func (c *Client) MaxSGSegs() int { return int(c.opts.Limits.MaxSgSegs) }
@@ -236,6 +239,14 @@ func (c *Client) PutSegs(key []byte, segs [][]byte) error {
 	id := c.ID(key)
 	p, err := c.route(id)
 	if err == nil {
+		op := &onesided.Op{Kind: fb.OpPut, Tenant: c.tenant, ID: id, Value: segs}
+		if c.opts.RDMA == nil || total > c.rdmaBlock() {
+			// TCP: no RDMA, or larger than the declared RDMA block
+		} else if done, rerr := c.rdmaExec(p, op); done {
+			err = rdmaStatus(rerr, op)
+			c.m.done(opPut, err, int64(total), start)
+			return err
+		}
 		err = c.exec(p, func(pc *pconn) error {
 			req := wire.Request{Op: fb.OpPut, Tenant: c.tenant, ID: id, PayloadLen: total}
 			if err := pc.send(&req, segs...); err != nil {
@@ -303,6 +314,10 @@ func (c *Client) get(key []byte, segs [][]byte, flags uint8, off, length uint64,
 	var n uint64
 	p, err := c.route(id)
 	if err == nil {
+		if done, rn, rerr := c.rdmaGet(p, id, segs, flags, off, length); done {
+			c.m.done(op, rerr, int64(rn), start)
+			return rn, rerr
+		}
 		err = c.exec(p, func(pc *pconn) error {
 			req := wire.Request{Op: fb.OpGet, Flags: flags, Tenant: c.tenant, ID: id, Offset: off, Length: length}
 			if err := pc.send(&req); err != nil {
@@ -392,6 +407,12 @@ func (c *Client) Exist(key []byte) (int64, error) {
 	var n int64
 	p, err := c.route(id)
 	if err == nil {
+		op := &onesided.Op{Kind: fb.OpExist, Tenant: c.tenant, ID: id}
+		if done, rerr := c.rdmaExec(p, op); done {
+			err = rdmaStatus(rerr, op)
+			c.m.done(opExist, err, 0, start)
+			return int64(op.ValueLen), err
+		}
 		err = c.exec(p, func(pc *pconn) error {
 			req := wire.Request{Op: fb.OpExist, Tenant: c.tenant, ID: id}
 			if err := pc.send(&req); err != nil {
@@ -415,6 +436,12 @@ func (c *Client) Remove(key []byte) error {
 	id := c.ID(key)
 	p, err := c.route(id)
 	if err == nil {
+		op := &onesided.Op{Kind: fb.OpRemove, Tenant: c.tenant, ID: id}
+		if done, rerr := c.rdmaExec(p, op); done {
+			err = rdmaStatus(rerr, op)
+			c.m.done(opRemove, err, 0, start)
+			return err
+		}
 		err = c.exec(p, func(pc *pconn) error {
 			req := wire.Request{Op: fb.OpRemove, Tenant: c.tenant, ID: id}
 			if err := pc.send(&req); err != nil {

@@ -26,6 +26,7 @@ type peer struct {
 	limits   atomic.Pointer[wire.Hello]
 	mu       sync.Mutex // guards closed
 	closed   bool
+	rdma     peerRDMA
 }
 
 func newPeer(c *Client, addr string) *peer {
@@ -88,6 +89,7 @@ func (p *peer) close() {
 	p.closed = true
 	p.mu.Unlock()
 	p.drain()
+	p.rdma.close()
 }
 
 // get returns a pooled connection or dials a new one.
@@ -101,7 +103,11 @@ func (p *peer) get() (*pconn, error) {
 	return p.dial()
 }
 
-func (p *peer) dial() (*pconn, error) {
+func (p *peer) dial() (*pconn, error) { return p.dialWith(p.c.opts.BlockingIO) }
+
+// dialWith connects and says HELLO; blocking moves the socket off the netpoller
+// (Options.BlockingIO). The RDMA bootstrap always wants a net.Conn (blocking false).
+func (p *peer) dialWith(blocking bool) (*pconn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.c.opts.ConnectTimeout)
 	defer cancel()
 	nc, err := p.c.opts.Dialer.DialContext(ctx, p.addr)
@@ -113,7 +119,7 @@ func (p *peer) dial() (*pconn, error) {
 	}
 	p.c.m.dials.Inc()
 	pc := &pconn{nc: nc}
-	if p.c.opts.BlockingIO {
+	if blocking {
 		fc, err := blockingConn(nc)
 		if err != nil {
 			nc.Close()

@@ -314,7 +314,10 @@ class Client:
                 self._cv.notify_all()
 
     def _pins(self) -> Pins:
-        return Pins(self._mode == "rdma")
+        # Device (GPU) pointers are never handed to the library: its RDMA path stages
+        # unregistered memory through host copies, and GPU-direct registration does not exist
+        # yet (docs/RDMA.md).
+        return Pins(False)
 
     # -- single-key operations ------------------------------------------------------------
 
@@ -685,8 +688,20 @@ class Client:
 
     @property
     def transport_mode(self) -> str:
-        """"tcp" or "rdma"; "closed" once closed (as the C ABI reports for NULL)."""
-        return "closed" if self._h is None else self._mode
+        """"tcp" (RDMA off), "rdma" (in use), or "tcp(<reason>)" when RDMA was asked for
+        (DFKV_RDMA=1) but is not in use; "closed" once closed."""
+        try:
+            h = self._acquire()
+        except DfkvError:
+            if self._h is None:
+                return "closed"
+            raise
+        try:
+            mode = self._lib.dfkv_transport_mode(h)
+        finally:
+            self._release()
+        return mode.decode("ascii", "replace") if mode else "tcp"
+
 
     def stats_snapshot(self) -> str:
         """The client's metrics in Prometheus text format."""

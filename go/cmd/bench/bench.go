@@ -52,6 +52,8 @@ type options struct {
 	tlsCert   string
 	tlsKey    string
 	token     string
+	transport string
+	rdmaProv  string
 }
 
 func usage(w io.Writer, fs *flag.FlagSet) {
@@ -102,6 +104,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, int, bool) {
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "dfkv: client certificate (mTLS)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "dfkv: private key of --tls-cert")
 	fs.StringVar(&o.token, "token", "", "dfkv: tenant token (nodes run with --auth-tokens)")
+	fs.StringVar(&o.transport, "transport", "tcp", "dfkv: tcp, or rdma (v2 one-sided; docs/RDMA.md; fails unless RDMA is in use)")
+	fs.StringVar(&o.rdmaProv, "rdma-provider", "ibverbs", "dfkv --transport rdma: ibverbs, or soft (software NIC; no performance meaning)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			usage(stderr, fs)
@@ -366,7 +370,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 	}
 	t, err := openTarget(targetConfig{kind: o.target, members: o.members, addr: o.addr, ns: o.ns,
 		conns: o.conns, batch: o.batch, ioTimeout: o.ioTimeout, getAuto: o.getAuto, bconc: o.bconc,
-		poolSize: o.poolSize, file: o.file, verify: o.verify,
+		poolSize: o.poolSize, file: o.file, verify: o.verify, transport: o.transport, rdmaProvider: o.rdmaProv,
 		tlsCA: o.tlsCA, tlsCert: o.tlsCert, tlsKey: o.tlsKey, token: o.token}, int64(o.size))
 	if err != nil {
 		fmt.Fprintln(stderr, "dfkv_bench:", err)
@@ -479,6 +483,13 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		res.GBPerSec = float64(res.Bytes) / 1e9 / res.Seconds
 	}
 	res.Latency = latOf(&h)
+	if c, ok := t.(interface{ check() error }); ok {
+		// e.g. --transport rdma that ended up on TCP: the figures would be mislabeled.
+		if err := c.check(); err != nil {
+			fmt.Fprintln(stderr, "dfkv_bench:", err)
+			return exitFail
+		}
+	}
 	if o.jsonOut {
 		b, _ := json.Marshal(res)
 		fmt.Fprintln(stdout, string(b))

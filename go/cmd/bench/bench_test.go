@@ -307,6 +307,7 @@ func TestKeysSizesAndRawHeader(t *testing.T) {
 func TestFlagErrorsAreSetupErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--op", "nope"}, {"--size", "0"}, {"--conns", "0"}, {"--bogus"}, {"--target", "x", "--addr", "127.0.0.1:1"},
+		{"--node", "127.0.0.1:1", "--transport", "udp", "--count", "1"},
 		{"--target", "rawtcp", "--count", "1"},                          // no --addr
 		{"--target", "rawtcp", "--addr", "127.0.0.1:1", "--count", "1"}, // nothing listening
 	} {

@@ -50,12 +50,14 @@ type targetConfig struct {
 	verify    bool   // odirect checks its sector stamps itself
 	// dfkv connection security (TLS when any tls* is set)
 	tlsCA, tlsCert, tlsKey, token string
+	// dfkv: "tcp" or "rdma", and the RDMA provider
+	transport, rdmaProvider string
 }
 
 func openTarget(cfg targetConfig, size int64) (target, error) {
 	switch cfg.kind {
 	case "dfkv":
-		return openDfkv(cfg)
+		return openDfkv(cfg, size)
 	case "rawtcp":
 		return &tcpTarget{kind: "rawtcp", cfg: cfg, dial: dialRaw}, nil
 	case "redis":

@@ -17,9 +17,18 @@ import (
 type dfkvTarget struct {
 	c    *client.Client
 	auto bool
+	rdma bool
 }
 
-func openDfkv(cfg targetConfig) (target, error) {
+func openDfkv(cfg targetConfig, size int64) (target, error) {
+	var rdma *client.RDMAOptions
+	switch cfg.transport {
+	case "", "tcp":
+	case "rdma":
+		rdma = &client.RDMAOptions{Provider: cfg.rdmaProvider, MaxBlock: uint64(max(size, 4<<20))}
+	default:
+		return nil, fmt.Errorf("--transport %q: want tcp or rdma", cfg.transport)
+	}
 	spec := cfg.members
 	if spec == "" && cfg.addr != "" {
 		spec = "n1=" + cfg.addr
@@ -58,14 +67,28 @@ func openDfkv(cfg targetConfig) (target, error) {
 		BatchConcurrency: bconc,
 		PoolSize:         pool,
 		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RDMA:             rdma,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &dfkvTarget{c: c, auto: cfg.getAuto}, nil
+	return &dfkvTarget{c: c, auto: cfg.getAuto, rdma: rdma != nil}, nil
 }
 
-func (t *dfkvTarget) name() string { return "dfkv" }
+func (t *dfkvTarget) name() string {
+	if t.rdma {
+		return "dfkv+rdma"
+	}
+	return "dfkv"
+}
+
+// check fails a --transport rdma run that did not use RDMA.
+func (t *dfkvTarget) check() error {
+	if m := t.c.TransportMode(); t.rdma && m != "rdma" {
+		return fmt.Errorf("--transport rdma: RDMA not in use: %s", m)
+	}
+	return nil
+}
 func (t *dfkvTarget) close() error { return t.c.Close() }
 
 func (t *dfkvTarget) newConn() (conn, error) {

@@ -26,6 +26,9 @@ extern "C" {
 
 /* dfkv_client_options_v2.flags */
 #define DFKV_CLIENT_OPT_REGISTER_WITH_MDS (1u << 0)
+/* RDMA v2 towards servers that serve it (also DFKV_RDMA=1; DFKV_RDMA_PROVIDER=ibverbs|soft,
+ * DFKV_RDMA_DEV=<device>); docs/RDMA.md. Servers without RDMA are used over TCP. */
+#define DFKV_CLIENT_OPT_RDMA (1u << 1)
 
 typedef struct dfkv_client* dfkv_client_t;
 
@@ -95,10 +98,13 @@ int dfkv_batch_get_auto_sg(dfkv_client_t c, const void* const* keys, const uint6
                            const uint32_t* seg_counts, int n, int* out_ok, uint64_t* out_lens);
 uint32_t dfkv_max_sg_segs(dfkv_client_t c);
 
-/* Memory registration for RDMA transports; a no-op success (0) on TCP. A NULL base or a
- * zero size is refused (-1) on every transport. */
+/* Registers [base, base+size) with the client's RDMA connections (now and later) so PUT
+ * sources and GET destinations inside it move without staging copies: 0, or -1 when
+ * registration fails. Idempotent for the same range; the memory must stay valid while the
+ * client is open. A no-op success (0) on TCP. A NULL base or a zero size is refused (-1). */
 int dfkv_register_memory(dfkv_client_t c, void* base, uint64_t size);
-/* "tcp" or "rdma"; static storage, never NULL ("" for NULL, "closed" for a closed client). */
+/* "tcp" (RDMA off), "rdma" (in use), or "tcp(<reason RDMA is not in use>)"; static storage,
+ * never NULL ("" for NULL, "closed" for a closed client). */
 const char* dfkv_transport_mode(dfkv_client_t c);
 
 /* Prometheus text of the client's metrics. Writes at most cap bytes (no NUL) and returns the

@@ -22,6 +22,7 @@ import "C"
 import (
 	"errors"
 	"runtime/debug"
+	"sync"
 	"unsafe"
 
 	"github.com/dfkv/dfkv/go/internal/cabi"
@@ -406,7 +407,7 @@ func dfkvgo_max_sg_segs(c C.uintptr_t) C.uint32_t {
 //export dfkvgo_register_memory
 func dfkvgo_register_memory(c C.uintptr_t, base unsafe.Pointer, size C.uint64_t) C.int {
 	return call(c, -1, func(h *cabi.Handle) (C.int, error) {
-		rc, err := h.RegisterMemory(uintptr(base), uint64(size))
+		rc, err := h.RegisterMemory(base, uint64(size))
 		return C.int(rc), err
 	})
 }
@@ -427,11 +428,37 @@ func dfkvgo_transport_mode(c C.uintptr_t) *C.char {
 		return cEmpty // the original dfkv ABI's answer for NULL
 	}
 	return call(c, cClosed, func(h *cabi.Handle) (*C.char, error) {
-		if h.TransportMode() == "rdma" {
+		switch m := h.TransportMode(); m {
+		case "rdma":
 			return cRDMA, nil
+		case "tcp":
+			return cTCP, nil
+		default:
+			return modeString(m), nil
 		}
-		return cTCP, nil
 	})
+}
+
+// "tcp(<reason>)" strings, interned: a few distinct reasons per process, kept for its life
+// so the returned pointers stay valid.
+var (
+	modeMu      sync.Mutex
+	modeStrings = map[string]*C.char{}
+	cTCPOther   = C.CString("tcp(rdma not in use)")
+)
+
+func modeString(m string) *C.char {
+	modeMu.Lock()
+	defer modeMu.Unlock()
+	if s, ok := modeStrings[m]; ok {
+		return s
+	}
+	if len(modeStrings) >= 64 {
+		return cTCPOther
+	}
+	s := C.CString(m)
+	modeStrings[m] = s
+	return s
 }
 
 //export dfkvgo_stats_snapshot

@@ -45,6 +45,7 @@ type options struct {
 	tier                                   tierOptions
 	mds                                    mdsFlags
 	sec                                    cli.Security
+	rdma                                   rdmaOptions
 }
 
 func parse(args []string) (*options, error) {
@@ -69,6 +70,7 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.accessLog, "access-log", "", "write a JSON access log (one record per sampled request; key hashes, never keys) to FILE, or - for stdout")
 	fs.IntVar(&o.accessLogSample, "access-log-sample", 1, "log 1 in N requests of each connection")
 	addTierFlags(fs, &o.tier)
+	addRDMAFlags(fs, &o.rdma)
 	o.mds.define(fs)
 	o.sec.Define(fs)
 	fs.Usage = func() {
@@ -148,6 +150,16 @@ func serve(o *options, log *slog.Logger) error {
 
 	reg := cli.NewRegistry("dfkv_server_build_info", "Build and configuration of this node.", "engine", o.engine)
 	m := server.NewMetrics(reg, engine)
+	rdmaSrv, err := setupRDMA(o.rdma, engine, limits.MaxValue, reg, log)
+	if err != nil {
+		closeEngine()
+		return err
+	}
+	var rdma server.RDMAServer
+	if rdmaSrv != nil {
+		rdma = rdmaSrv
+		defer rdmaSrv.Close() // error paths; the drain below closes it before the engine
+	}
 
 	accessLog, closeAccessLog, err := openAccessLog(o.accessLog, o.accessLogSample)
 	if err != nil {
@@ -157,6 +169,7 @@ func serve(o *options, log *slog.Logger) error {
 	defer closeAccessLog(log)
 
 	srv, err := server.New(server.Config{
+		RDMA:   rdma,
 		Engine: engine, Limits: limits, MaxConns: o.maxConns,
 		FirstRequestTimeout: time.Duration(o.firstReqMS) * time.Millisecond,
 		IOTimeout:           time.Duration(o.ioTimeoutMS) * time.Millisecond,
@@ -222,6 +235,9 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	if httpSrv != nil {
 		_ = httpSrv.Close(ctx)
+	}
+	if rdmaSrv != nil {
+		rdmaSrv.Close() // drops RAM tier pins and deregisters the arena before the engine closes
 	}
 	closeEngine()
 	log.Info("stopped")

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/internal/version"
@@ -19,7 +20,8 @@ const (
 	ABIVersion          = 2
 	OptionsSize         = 88 // sizeof(dfkv_client_options_v2) on LP64
 	FlagRegisterWithMDS = 1 << 0
-	knownFlags          = FlagRegisterWithMDS
+	FlagRDMA            = 1 << 1 // DFKV_CLIENT_OPT_RDMA, or DFKV_RDMA=1
+	knownFlags          = FlagRegisterWithMDS | FlagRDMA
 )
 
 // Options is dfkv_client_options_v2 after the cgo layer copied it out of C memory.
@@ -139,6 +141,10 @@ func open(o *Options) (*Handle, error) {
 		// netpoller handoff per partial read (docs/BENCHMARKS.md, "C ABI").
 		// DFKV_BLOCKING_IO=0 keeps the netpoller path (for side-by-side measurements).
 		BlockingIO: os.Getenv("DFKV_BLOCKING_IO") != "0",
+	}
+	if o.Flags&FlagRDMA != 0 || os.Getenv("DFKV_RDMA") == "1" {
+		copts.RDMA = &client.RDMAOptions{Provider: os.Getenv("DFKV_RDMA_PROVIDER"), Device: os.Getenv("DFKV_RDMA_DEV"),
+			ForceV1: os.Getenv("DFKV_RDMA_PROTOCOL") == "1"}
 	}
 	if err := applyTimeoutEnv(&copts); err != nil {
 		ms.Close()
@@ -354,10 +360,14 @@ func (h *Handle) keysOnly(keys [][]byte, outOK []int32, f func([]client.Item) er
 // MaxSGSegs is the per-item segment limit.
 func (h *Handle) MaxSGSegs() uint32 { return uint32(h.c.MaxSGSegs()) }
 
-// RegisterMemory is a no-op success on TCP.
-func (h *Handle) RegisterMemory(base uintptr, size uint64) (int, error) {
-	if base == 0 || size == 0 {
-		return -1, errors.New("dfkv: register_memory of an empty region")
+// RegisterMemory registers [base, base+size) for RDMA; a no-op success on TCP.
+// The memory is the caller's (C) and must stay valid while the client is open.
+func (h *Handle) RegisterMemory(base unsafe.Pointer, size uint64) (int, error) {
+	if base == nil || size == 0 || size > 1<<40 {
+		return -1, errors.New("dfkv: register_memory of an empty or oversized region")
+	}
+	if err := h.c.RegisterMemory(unsafe.Slice((*byte)(base), size)); err != nil {
+		return -1, err
 	}
 	return 0, nil
 }

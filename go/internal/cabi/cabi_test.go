@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/internal/server"
@@ -104,7 +105,9 @@ func TestHandleLifecycleAndOutputs(t *testing.T) {
 	if rc(h.BatchRemove([][]byte{[]byte("k"), []byte("x")}, ok)) != 0 || ok[0] != 1 || ok[1] != 1 {
 		t.Errorf("batch remove of absent keys: %v", ok)
 	}
-	if h.MaxSGSegs() == 0 || h.TransportMode() != "tcp" || rc(h.RegisterMemory(0x1000, 10)) != 0 {
+	regBuf := make([]byte, 10)
+	if h.MaxSGSegs() == 0 || h.TransportMode() != "tcp" || rc(h.RegisterMemory(unsafe.Pointer(&regBuf[0]), 10)) != 0 ||
+		rc(h.RegisterMemory(nil, 10)) != -1 || rc(h.RegisterMemory(unsafe.Pointer(&regBuf[0]), 0)) != -1 {
 		t.Error("metadata calls")
 	}
 	before := panics.Load()

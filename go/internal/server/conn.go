@@ -242,6 +242,8 @@ func (c *conn) dispatch(r *wire.Request) error {
 		return c.batchPut(r)
 	case fb.OpBatchGet, fb.OpBatchExist, fb.OpBatchRemove, fb.OpBatchExistLease:
 		return c.batchRead(r)
+	case fb.OpRdmaBootstrap:
+		return c.rdmaBootstrap()
 	default:
 		// Limits.Check refuses unknown ops; reaching here is a bug, not input.
 		return errConn{fmt.Errorf("unhandled op %d", r.Op)}

@@ -34,6 +34,9 @@ type Config struct {
 	// Auth, when set, makes every op but PING and HELLO need a token (sent in HELLO) that
 	// grants it on the request's tenant; others are answered Forbidden.
 	Auth *secure.Tokens
+	// RDMA, when set, answers RdmaBootstrap: the connection then carries the RDMA
+	// bootstrap and stays open as that RDMA connection's liveness signal (docs/RDMA.md).
+	RDMA RDMAServer
 }
 
 func (c *Config) setDefaults() {
@@ -75,6 +78,7 @@ type Server struct {
 	listeners map[transport.Listener]struct{}
 	conns     map[*conn]struct{}
 	wg        sync.WaitGroup
+	drained   chan struct{} // closed by Shutdown: ends RDMA sessions
 }
 
 // New validates cfg and returns a Server.
@@ -90,6 +94,7 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, log: cfg.Logger, m: cfg.Metrics,
 		listeners: map[transport.Listener]struct{}{},
 		conns:     map[*conn]struct{}{},
+		drained:   make(chan struct{}),
 	}, nil
 }
 
@@ -159,7 +164,9 @@ func (s *Server) Serve(l transport.Listener) error {
 // idle connections, and waits until all are gone or ctx ends (then closes the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	s.draining.Store(true)
+	if !s.draining.Swap(true) {
+		close(s.drained)
+	}
 	for l := range s.listeners {
 		l.Close()
 	}

@@ -89,6 +89,16 @@ type Lister interface {
 	ForEach(fn func(key Key, size int64) bool)
 }
 
+// Pinner lends RAM-resident values in place (RDMA GETs write straight from the arena).
+type Pinner interface {
+	// PinValue returns key's value in RAM, pinned until release is called (eviction and
+	// overwrites cannot reuse its memory meanwhile), or ok=false when it is not in RAM.
+	// release must be called exactly once; Close waits for it.
+	PinValue(key Key) (value []byte, release func(), ok bool)
+	// Arena is the memory every pinned value lies in, for registering it once.
+	Arena() []byte
+}
+
 // Unwrapper is implemented by engines that wrap another one.
 type Unwrapper interface {
 	Unwrap() Engine

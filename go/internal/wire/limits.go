@@ -67,9 +67,9 @@ func (l Limits) Check(r *Request) error {
 		return bad(ErrMalformed, "unknown flags %#x", r.Flags)
 	}
 	switch r.Op {
-	case fb.OpPing:
+	case fb.OpPing, fb.OpRdmaBootstrap:
 		if r.PayloadLen != 0 {
-			return bad(ErrMalformed, "ping with payload")
+			return bad(ErrMalformed, "op without payload carries %d bytes", r.PayloadLen)
 		}
 	case fb.OpHello, fb.OpStats:
 		if r.PayloadLen > l.MaxControl {

@@ -157,6 +157,8 @@ func TestLimitsCheck(t *testing.T) {
 		{"sg put no data", Request{Op: fb.OpSgPut, Count: 2, PayloadLen: 16}, false, true},
 		{"sg get", Request{Op: fb.OpSgGet, Count: 2, PayloadLen: 16}, true, false},
 		{"sg too many segs", Request{Op: fb.OpSgGet, Count: l.MaxSgSegs + 1, PayloadLen: uint64(l.MaxSgSegs+1) * 8}, false, true},
+		{"rdma bootstrap", Request{Op: fb.OpRdmaBootstrap}, true, false},
+		{"rdma bootstrap with payload", Request{Op: fb.OpRdmaBootstrap, PayloadLen: 3}, false, true},
 		{"hello", Request{Op: fb.OpHello, PayloadLen: 100}, true, false},
 		{"hello huge", Request{Op: fb.OpHello, PayloadLen: l.MaxControl + 1}, false, true},
 	}

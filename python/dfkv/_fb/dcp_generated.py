@@ -319,8 +319,15 @@ class DcpTail(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
         return o == 0
 
+    # DcpTail
+    def MaxTargets(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
 def DcpTailStart(builder):
-    builder.StartObject(7)
+    builder.StartObject(8)
 
 def DcpTailAddMagic(builder, magic):
     builder.PrependUint32Slot(0, magic, 827343684)
@@ -351,6 +358,9 @@ def DcpTailAddOptions(builder, options):
 
 def DcpTailStartOptionsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
+
+def DcpTailAddMaxTargets(builder, maxTargets):
+    builder.PrependUint32Slot(7, maxTargets, 0)
 
 def DcpTailEnd(builder):
     return builder.EndObject()

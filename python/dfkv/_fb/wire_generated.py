@@ -23,6 +23,7 @@ class Op(object):
     SgGet = 13
     Mds = 14
     BatchExistLease = 15
+    RdmaBootstrap = 16
 
 
 class Status(object):

@@ -204,6 +204,7 @@ var (
 	_ store.RAMTier      = (*Tier)(nil)
 	_ store.Coalescer    = (*Tier)(nil)
 	_ store.Leaser       = (*Tier)(nil)
+	_ store.Pinner       = (*Tier)(nil)
 )
 
 // errNoRoom: no slot could be made in time; the request goes around the tier.
@@ -395,6 +396,30 @@ func (t *Tier) readAround(key store.Key, f *coalesce.Flight, fn func([]byte) err
 		return err
 	})
 }
+
+// PinValue implements store.Pinner: a warm value stays pinned (and the tier open) until
+// release.
+func (t *Tier) PinValue(key store.Key) ([]byte, func(), bool) {
+	if t.enter() != nil {
+		return nil, nil, false
+	}
+	s := t.lookup(key)
+	if s == nil {
+		t.leave()
+		return nil, nil, false
+	}
+	t.hits.Add(1)
+	var once sync.Once
+	return t.arena[s.off : s.off+int64(s.length) : s.off+int64(s.length)], func() {
+		once.Do(func() {
+			t.unpin(s)
+			t.leave()
+		})
+	}, true
+}
+
+// Arena implements store.Pinner.
+func (t *Tier) Arena() []byte { return t.arena }
 
 // ReadInto implements store.DirectReader (from RAM when warm).
 func (t *Tier) ReadInto(key store.Key, dst []byte) (int, error) {

@@ -443,8 +443,20 @@ func (rcv *DcpTail) OptionsLength() int {
 	return 0
 }
 
+func (rcv *DcpTail) MaxTargets() uint32 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		return rcv._tab.GetUint32(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *DcpTail) MutateMaxTargets(n uint32) bool {
+	return rcv._tab.MutateUint32Slot(18, n)
+}
+
 func DcpTailStart(builder *flatbuffers.Builder) {
-	builder.StartObject(7)
+	builder.StartObject(8)
 }
 func DcpTailAddMagic(builder *flatbuffers.Builder, magic uint32) {
 	builder.PrependUint32Slot(0, magic, 827343684)
@@ -475,6 +487,9 @@ func DcpTailAddOptions(builder *flatbuffers.Builder, options flatbuffers.UOffset
 }
 func DcpTailStartOptionsVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
 	return builder.StartVector(4, numElems, 4)
+}
+func DcpTailAddMaxTargets(builder *flatbuffers.Builder, maxTargets uint32) {
+	builder.PrependUint32Slot(7, maxTargets, 0)
 }
 func DcpTailEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

@@ -26,6 +26,7 @@ const (
 	OpSgGet           Op = 13
 	OpMds             Op = 14
 	OpBatchExistLease Op = 15
+	OpRdmaBootstrap   Op = 16
 )
 
 var EnumNamesOp = map[Op]string{
@@ -45,6 +46,7 @@ var EnumNamesOp = map[Op]string{
 	OpSgGet:           "SgGet",
 	OpMds:             "Mds",
 	OpBatchExistLease: "BatchExistLease",
+	OpRdmaBootstrap:   "RdmaBootstrap",
 }
 
 var EnumValuesOp = map[string]Op{
@@ -64,6 +66,7 @@ var EnumValuesOp = map[string]Op{
 	"SgGet":           OpSgGet,
 	"Mds":             OpMds,
 	"BatchExistLease": OpBatchExistLease,
+	"RdmaBootstrap":   OpRdmaBootstrap,
 }
 
 func (v Op) String() string {

@@ -1,0 +1,577 @@
+package onesided
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sort"
+	"sync"
+
+	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
+)
+
+// Op is one request of a window. Inputs: Kind (OpPut, OpGet, OpExist, OpRemove), Tenant,
+// ID; Value (PUT, gathered in order into one stored value); Offset/Length (GET range,
+// Length 0 = to the end) and Dst (GET, scattered in order). Outputs: Status, ValueLen
+// (stored length for GET/EXIST) and N (bytes placed in Dst).
+type Op struct {
+	Kind           wire.Op
+	Tenant         uint64
+	ID             identity.ObjectID
+	Value          [][]byte
+	Offset, Length uint64
+	Dst            [][]byte
+
+	Status   wire.Status
+	ValueLen uint64
+	N        int
+}
+
+// Client is one v2 RDMA connection. Not safe for concurrent use: one owner drives its
+// window (as a dfkv pooled connection is).
+type Client struct {
+	cfg      Config
+	boot     net.Conn // the TCP connection: the server ends the RDMA connection when it closes
+	ctx      verbs.Context
+	pd       verbs.PD
+	scq, rcq verbs.CQ
+	qp       verbs.QP
+	tail     dcp.Tail
+	seg      dcp.Segment
+	depth    int
+	hdrBuf   *verbs.Buffer // depth pages: request prefix + targets
+	hdr      verbs.MR
+	stageBuf *verbs.Buffer // depth slots: PUT payloads / GET bounce for unregistered memory
+	stage    verbs.MR
+	respBuf  *verbs.Buffer
+	resp     verbs.MR
+	M        *Metrics
+	active   bool
+	v1       bool   // DCP1: requests and replies by SEND/RECV
+	slotB    uint64 // slot bytes (v2: the lease's; v1: the receive buffers')
+	respB    int    // bytes per reply buffer (v2: a prefix; v1: a slot)
+
+	mu     sync.Mutex
+	user   []verbs.MR // registered caller memory, sorted by address
+	broken error
+	next   int
+	sqMax  int   // send queue capacity
+	sqUsed int   // send WRs posted and not yet reclaimed
+	sqFIFO []int // WRs of each posted request, in order; reclaimed with its signaled completion
+}
+
+// Dial bootstraps a v2 connection over boot (a data connection past Hello) and owns boot
+// from then on: it stays open as the liveness signal and Close closes it. On error boot is
+// closed too. A server that answers v1 yields dcp.ErrFallbackV1 (open a fresh connection
+// offering v1); a refusal yields ErrRefused with the server's reason.
+func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
+	cfg.defaults()
+	c := &Client{cfg: cfg, depth: int(cfg.Depth), boot: boot, M: cfg.Metrics}
+	if c.M == nil {
+		c.M = new(Metrics)
+	}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	var port verbs.PortInfo
+	if c.ctx, port, err = pickDevice(cfg.Provider, cfg.Device); err != nil {
+		return nil, err
+	}
+	if c.pd, err = c.ctx.AllocPD(); err != nil {
+		return nil, err
+	}
+	if c.scq, err = c.ctx.CreateCQ(4*c.depth + 4); err != nil {
+		return nil, err
+	}
+	if c.rcq, err = c.ctx.CreateCQ(c.depth + 1); err != nil {
+		return nil, err
+	}
+	maxSGE := min(max(c.ctx.Info().MaxSGE, 1), 16)
+	c.sqMax = 2*c.depth + 2
+	if c.qp, err = c.pd.CreateQP(verbs.QPConfig{Type: verbs.QPTypeRC, SendCQ: c.scq, RecvCQ: c.rcq,
+		MaxSendWR: c.sqMax, MaxRecvWR: c.depth, MaxSendSGE: maxSGE, MaxRecvSGE: 1}); err != nil {
+		return nil, err
+	}
+	local := dcp.Rail{Device: c.ctx.Info().Name, Port: port.Num, LID: port.LID, GID: port.GID,
+		QPNum: c.qp.Num(), PSN: rand.Uint32() & 0xffffff, MTU: port.MTU}
+	offer := dcp.Tail{Version: dcp.V2, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, MaxTargets: min(cfg.MaxTargets, maxTargetsInSlot), Rails: []dcp.Rail{local}}
+	if cfg.ForceV1 {
+		offer = dcp.Tail{Version: dcp.V1, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, Rails: []dcp.Rail{local}}
+	}
+	if err := writeFrame(boot, frameTail, dcp.Encode(offer), cfg.IOTimeout); err != nil {
+		return nil, fmt.Errorf("onesided: send offer: %w", err)
+	}
+	kind, body, err := readFrame(boot, cfg.IOTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("onesided: read answer: %w", err)
+	}
+	if kind == frameRefusal {
+		return nil, fmt.Errorf("%w: %s", ErrRefused, body)
+	}
+	ans, err := dcp.DecodeAnswer(body, offer, cfg.limits())
+	if err != nil {
+		return nil, err
+	}
+	c.tail, c.depth, c.v1 = ans, int(ans.Depth), ans.Version == dcp.V1
+	if c.v1 {
+		c.slotB, c.respB = dcp.SlotSize(ans.MaxBlock), int(dcp.SlotSize(ans.MaxBlock))
+	} else {
+		c.seg = ans.Segments[0]
+		c.slotB, c.respB = c.seg.SlotBytes, wire.ResponseSize
+	}
+	if c.hdrBuf, err = verbs.AllocBuffer(c.depth * dcp.SlotPayloadOffset); err != nil {
+		return nil, err
+	}
+	if c.hdr, err = c.pd.RegMR(c.hdrBuf.Bytes(), verbs.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	if c.stageBuf, err = verbs.AllocBuffer(c.depth * int(c.slotB)); err != nil {
+		return nil, err
+	}
+	if c.stage, err = c.pd.RegMR(c.stageBuf.Bytes(), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		return nil, err
+	}
+	if c.respBuf, err = verbs.AllocBuffer(c.depth * c.respB); err != nil {
+		return nil, err
+	}
+	if c.resp, err = c.pd.RegMR(c.respBuf.Bytes(), verbs.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	recvs := make([]verbs.RecvWR, c.depth)
+	for i := range recvs {
+		recvs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{verbs.SGEOf(c.resp, i*c.respB, c.respB)}}
+	}
+	if err := verbs.Connect(c.qp, port.Num, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, local.Endpoint(), ans.Rails[0].Endpoint()); err != nil {
+		return nil, err
+	}
+	if _, err := c.qp.PostRecv(recvs); err != nil {
+		return nil, err
+	}
+	if c.v1 {
+		c.M.V1ConnsOpened.Add(1)
+	} else {
+		c.M.V2ConnsOpened.Add(1)
+	}
+	c.M.ActiveConns.Add(1)
+	c.active = true
+	return c, nil
+}
+
+// Close ends the connection: the TCP connection first (the server's signal that this end
+// is going away), then the verbs objects.
+func (c *Client) Close() error {
+	if c.active {
+		c.active = false
+		c.M.ActiveConns.Add(-1)
+	}
+	if c.boot != nil {
+		c.boot.Close()
+	}
+	for _, x := range []interface{ Close() error }{c.qp, c.hdr, c.stage, c.resp} {
+		if x != nil {
+			x.Close()
+		}
+	}
+	c.mu.Lock()
+	for _, m := range c.user {
+		m.Close()
+	}
+	c.user = nil
+	c.mu.Unlock()
+	for _, b := range []*verbs.Buffer{c.hdrBuf, c.stageBuf, c.respBuf} {
+		if b != nil {
+			b.Free()
+		}
+	}
+	for _, x := range []verbs.CQ{c.scq, c.rcq} {
+		if x != nil {
+			x.Close()
+		}
+	}
+	if c.pd != nil {
+		c.pd.Close()
+	}
+	if c.ctx != nil {
+		return c.ctx.Close()
+	}
+	return nil
+}
+
+// RegisterMemory registers buf for zero-copy PUT sources and GET targets. Registering the
+// same range again is a no-op.
+func (c *Client) RegisterMemory(buf []byte) error {
+	if len(buf) == 0 {
+		return fmt.Errorf("%w: register 0 bytes", verbs.ErrInvalid)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m, _ := c.findLocked(buf); m != nil {
+		return nil
+	}
+	m, err := c.pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		return err
+	}
+	c.user = append(c.user, m)
+	sort.Slice(c.user, func(i, j int) bool { return c.user[i].Addr() < c.user[j].Addr() })
+	return nil
+}
+
+// findLocked returns the registered MR containing b, and b's offset in it.
+func (c *Client) findLocked(b []byte) (verbs.MR, int) {
+	if len(b) == 0 {
+		return nil, 0
+	}
+	a := addrOf(b)
+	i := sort.Search(len(c.user), func(i int) bool { return c.user[i].Addr() > a }) - 1
+	if i < 0 {
+		return nil, 0
+	}
+	m := c.user[i]
+	if a+uint64(len(b)) <= m.Addr()+uint64(m.Len()) {
+		return m, int(a - m.Addr())
+	}
+	return nil, 0
+}
+
+// testTargetRKeyXor corrupts advertised GET target keys (tests of remote access errors).
+var testTargetRKeyXor uint32
+
+type pending struct {
+	op      *Op
+	slot    int
+	bounce  bool // GET landed in the staging slot; copy out
+	capSize uint64
+}
+
+// Do runs ops with up to depth requests in flight; replies complete strictly in order. A
+// returned error wrapping ErrBroken means the connection is unusable; ops without a Status
+// set were not completed.
+func (c *Client) Do(ctx context.Context, ops []*Op) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken != nil {
+		return c.broken
+	}
+	// Until its reply arrives an op reads Unavailable, never a zero-value Ok.
+	for _, op := range ops {
+		op.Status, op.ValueLen, op.N = fb.StatusUnavailable, 0, 0
+	}
+	var window []pending
+	for i := 0; i < len(ops) || len(window) > 0; {
+		if i < len(ops) && len(window) < c.depth {
+			p, err := c.post(ctx, ops[i])
+			if err != nil {
+				if errors.Is(err, ErrBroken) {
+					return c.breakLocked(err)
+				}
+				ops[i].Status = fb.StatusInvalid
+				i++
+				continue
+			}
+			window = append(window, p)
+			i++
+			continue
+		}
+		if err := c.complete(ctx, window[0]); err != nil {
+			return c.breakLocked(err)
+		}
+		window = window[1:]
+	}
+	return nil
+}
+
+func (c *Client) breakLocked(err error) error {
+	if !errors.Is(err, ErrBroken) {
+		err = fmt.Errorf("%w: %v", ErrBroken, err)
+	}
+	c.broken = err
+	return err
+}
+
+func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
+	if c.v1 {
+		return c.postV1(ctx, op)
+	}
+	slot := c.next
+	p := pending{op: op, slot: slot}
+	req := wire.Request{Op: op.Kind, Tenant: op.Tenant, ID: op.ID, Offset: op.Offset, Length: op.Length}
+	hdr := c.hdrBuf.Bytes()[slot*dcp.SlotPayloadOffset : (slot+1)*dcp.SlotPayloadOffset]
+	remote := c.seg.Addr + uint64(slot)*c.slotB
+	var wrs []verbs.SendWR
+	hdrLen := wire.RequestSize
+	switch op.Kind {
+	case fb.OpPut:
+		var total uint64
+		for _, v := range op.Value {
+			total += uint64(len(v))
+		}
+		if total == 0 || total > c.tail.MaxBlock {
+			return p, fmt.Errorf("onesided: value of %d bytes (1..%d)", total, c.tail.MaxBlock)
+		}
+		req.PayloadLen = total
+		sgl, ok := c.gather(op.Value)
+		if !ok { // unregistered memory or too many pieces: copy into the staging slot
+			st := c.stageBuf.Bytes()[uint64(slot)*c.slotB:]
+			off := 0
+			for _, v := range op.Value {
+				off += copy(st[off:], v)
+			}
+			sgl = []verbs.SGE{verbs.SGEOf(c.stage, slot*int(c.slotB), int(total))}
+		}
+		wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWrite, SGL: sgl,
+			RemoteAddr: remote + dcp.SlotPayloadOffset, RKey: c.seg.RKey})
+		c.M.V2PutWrites.Add(1)
+	case fb.OpGet:
+		var tg []target
+		var capacity uint64
+		c2 := 0
+		for _, d := range op.Dst {
+			capacity += uint64(len(d))
+			if len(d) > 0 {
+				c2++
+			}
+		}
+		if capacity == 0 {
+			return p, fmt.Errorf("onesided: GET without a destination")
+		}
+		p.capSize = capacity
+		registered := c2 <= int(c.tail.MaxTargets)
+		for _, d := range op.Dst {
+			if len(d) == 0 {
+				continue
+			}
+			m, off := c.findLocked(d)
+			if m == nil {
+				registered = false
+				break
+			}
+			tg = append(tg, target{addr: m.Addr() + uint64(off), rkey: m.RKey() ^ testTargetRKeyXor, len: uint32(len(d))})
+		}
+		if !registered {
+			n := min(capacity, c.slotB)
+			tg = []target{{addr: c.stage.Addr() + uint64(slot)*c.slotB, rkey: c.stage.RKey(), len: uint32(n)}}
+			p.bounce = true
+		}
+		req.Count = uint32(len(tg))
+		for i, t := range tg {
+			putTarget(hdr[wire.RequestSize+i*targetSize:], t)
+		}
+		hdrLen += len(tg) * targetSize
+	case fb.OpExist, fb.OpRemove:
+	default:
+		return p, fmt.Errorf("onesided: op %s not supported over RDMA", op.Kind)
+	}
+	req.Encode(hdr)
+	wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWriteWithImm, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{verbs.SGEOf(c.hdr, slot*dcp.SlotPayloadOffset, hdrLen)}, RemoteAddr: remote, RKey: c.seg.RKey, Imm: uint32(slot)})
+	return p, c.postWRs(ctx, slot, wrs)
+}
+
+// postWRs posts one request's WRs once the send queue has room for them (as on hardware,
+// entries come back only with polled completions), and advances the slot.
+func (c *Client) postWRs(ctx context.Context, slot int, wrs []verbs.SendWR) error {
+	if c.sqUsed+len(wrs) > c.sqMax {
+		wctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
+		defer cancel()
+		for c.sqUsed+len(wrs) > c.sqMax {
+			if err := c.reapSend(); err != nil {
+				return fmt.Errorf("%w: %v", ErrBroken, err)
+			}
+			if c.sqUsed+len(wrs) <= c.sqMax {
+				break
+			}
+			if err := c.scq.Wait(wctx); err != nil {
+				return fmt.Errorf("%w: waiting for send queue room: %v", ErrBroken, err)
+			}
+		}
+	}
+	if _, err := c.qp.PostSend(wrs); err != nil {
+		return fmt.Errorf("%w: post: %v", ErrBroken, err)
+	}
+	c.sqUsed += len(wrs)
+	c.sqFIFO = append(c.sqFIFO, len(wrs))
+	c.next = (c.next + 1) % c.depth
+	return nil
+}
+
+// gather returns SGEs for vs when all lie in registered memory and fit one WR.
+func (c *Client) gather(vs [][]byte) ([]verbs.SGE, bool) {
+	var sgl []verbs.SGE
+	for _, v := range vs {
+		if len(v) == 0 {
+			continue
+		}
+		m, off := c.findLocked(v)
+		if m == nil {
+			return nil, false
+		}
+		sgl = append(sgl, verbs.SGEOf(m, off, len(v)))
+	}
+	return sgl, len(sgl) <= min(max(c.ctx.Info().MaxSGE, 1), 16)
+}
+
+// reapSend polls send completions: they reclaim send queue entries and carry errors.
+func (c *Client) reapSend() error {
+	var wcs [16]verbs.WorkCompletion
+	for {
+		n, err := c.scq.Poll(wcs[:])
+		if err != nil {
+			return err
+		}
+		for _, wc := range wcs[:n] {
+			c.M.Completions.Add(1)
+			if wc.Status != verbs.StatusSuccess {
+				countError(c.M, wc)
+				return wc.Err()
+			}
+			want := verbs.WCWrite
+			if c.v1 {
+				want = verbs.WCSend
+			}
+			if wc.ID >= uint64(c.depth) || wc.Opcode != want || len(c.sqFIFO) == 0 {
+				return fmt.Errorf("unexpected send completion %+v", wc)
+			}
+			// Signaled completions arrive in posting order (RC).
+			c.sqUsed -= c.sqFIFO[0]
+			c.sqFIFO = c.sqFIFO[1:]
+		}
+		if n < len(wcs) {
+			return nil
+		}
+	}
+}
+
+// complete waits for p's reply (the oldest outstanding) and checks the completion.
+func (c *Client) complete(ctx context.Context, p pending) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
+	defer cancel()
+	var wcs [1]verbs.WorkCompletion
+	for {
+		if err := c.reapSend(); err != nil {
+			return err
+		}
+		n, err := c.rcq.Poll(wcs[:1])
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			break
+		}
+		// Both CQs are armed by waiting on the receive CQ with a short slice for the send CQ.
+		wctx, wcancel := context.WithTimeout(ctx, pollSlice)
+		err = c.rcq.Wait(wctx)
+		wcancel()
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("reply for slot %d: %w", p.slot, ctx.Err())
+		}
+	}
+	wc := wcs[0]
+	c.M.Completions.Add(1)
+	if wc.Status != verbs.StatusSuccess {
+		countError(c.M, wc)
+		return wc.Err()
+	}
+	if wc.Opcode != verbs.WCRecv || wc.HasImm || wc.ByteLen < wire.ResponseSize || int(wc.ByteLen) > c.respB ||
+		(!c.v1 && wc.ByteLen != wire.ResponseSize) || wc.ID != uint64(p.slot) {
+		return fmt.Errorf("reply completion %+v for slot %d", wc, p.slot)
+	}
+	r := c.respBuf.Bytes()[p.slot*c.respB : p.slot*c.respB+int(wc.ByteLen)]
+	resp, err := wire.DecodeResponse(r)
+	if err != nil {
+		return fmt.Errorf("reply prefix: %v", err)
+	}
+	if resp.Op != p.op.Kind {
+		return fmt.Errorf("reply op %s for a %s", resp.Op, p.op.Kind)
+	}
+	if c.v1 && resp.PayloadLen != uint64(wc.ByteLen)-wire.ResponseSize {
+		return fmt.Errorf("reply claims %d payload bytes in a %d-byte message", resp.PayloadLen, wc.ByteLen)
+	}
+	op := p.op
+	op.Status, op.ValueLen = resp.Status, resp.ValueLen
+	if c.v1 && op.Kind == fb.OpGet && resp.Status == fb.StatusOk {
+		// v1: the value came in the reply; the destination's capacity is checked here.
+		if resp.PayloadLen > p.capSize {
+			op.Status = fb.StatusBufferTooSmall
+		} else {
+			st := r[wire.ResponseSize:]
+			for _, d := range op.Dst {
+				st = st[copy(d, st):]
+			}
+			op.N = int(resp.PayloadLen)
+		}
+	}
+	if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: uint64(p.slot), SGL: []verbs.SGE{verbs.SGEOf(c.resp, p.slot*c.respB, c.respB)}}}); err != nil {
+		return fmt.Errorf("repost receive: %v", err)
+	}
+	if c.v1 {
+		return nil
+	}
+	if op.Kind == fb.OpGet && resp.Status == fb.StatusOk {
+		if resp.PayloadLen > p.capSize {
+			return fmt.Errorf("reply claims %d bytes for %d of targets", resp.PayloadLen, p.capSize)
+		}
+		op.N = int(resp.PayloadLen)
+		if p.bounce {
+			st := c.stageBuf.Bytes()[uint64(p.slot)*c.slotB:]
+			st = st[:resp.PayloadLen]
+			for _, d := range op.Dst {
+				st = st[copy(d, st):]
+			}
+		}
+	}
+	return nil
+}
+
+// postV1 sends one request by SEND: the prefix (and a PUT's payload) gathered from
+// registered memory, or copied into the slot's staging buffer.
+func (c *Client) postV1(ctx context.Context, op *Op) (pending, error) {
+	slot := c.next
+	p := pending{op: op, slot: slot}
+	req := wire.Request{Op: op.Kind, Tenant: op.Tenant, ID: op.ID, Offset: op.Offset, Length: op.Length}
+	hdr := c.hdrBuf.Bytes()[slot*dcp.SlotPayloadOffset : (slot+1)*dcp.SlotPayloadOffset]
+	sgl := []verbs.SGE{verbs.SGEOf(c.hdr, slot*dcp.SlotPayloadOffset, wire.RequestSize)}
+	switch op.Kind {
+	case fb.OpPut:
+		var total uint64
+		for _, v := range op.Value {
+			total += uint64(len(v))
+		}
+		if total == 0 || total > c.tail.MaxBlock {
+			return p, fmt.Errorf("onesided: value of %d bytes (1..%d)", total, c.tail.MaxBlock)
+		}
+		req.PayloadLen = total
+		if g, ok := c.gather(op.Value); ok && len(g)+1 <= min(max(c.ctx.Info().MaxSGE, 1), 16) {
+			sgl = append(sgl, g...)
+		} else {
+			st := c.stageBuf.Bytes()[uint64(slot)*c.slotB:]
+			off := 0
+			for _, v := range op.Value {
+				off += copy(st[off:], v)
+			}
+			sgl = append(sgl, verbs.SGEOf(c.stage, slot*int(c.slotB), int(total)))
+		}
+		c.M.V1Puts.Add(1)
+	case fb.OpGet:
+		for _, d := range op.Dst {
+			p.capSize += uint64(len(d))
+		}
+		if p.capSize == 0 {
+			return p, fmt.Errorf("onesided: GET without a destination")
+		}
+		c.M.V1Gets.Add(1)
+	case fb.OpExist, fb.OpRemove:
+	default:
+		return p, fmt.Errorf("onesided: op %s not supported over RDMA", op.Kind)
+	}
+	req.Encode(hdr)
+	return p, c.postWRs(ctx, slot, []verbs.SendWR{{ID: uint64(slot), Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGL: sgl}})
+}

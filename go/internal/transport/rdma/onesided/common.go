@@ -1,0 +1,145 @@
+package onesided
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
+	"github.com/dfkv/dfkv/go/internal/wire"
+)
+
+// Config configures either side.
+type Config struct {
+	Provider verbs.Provider
+	// Device names the device to use; empty picks the first device with an ACTIVE port. A
+	// named device that is missing or down is an error, never a silent fallback.
+	Device string
+	// Depth: requests in flight per connection (client: offered; server: most granted).
+	Depth uint32
+	// MaxBlock: the largest value (client: declared; server: most accepted).
+	MaxBlock uint64
+	// MaxTargets: GET targets per request (client: offered; server: most granted).
+	MaxTargets uint32
+	// SegmentBytes is the server's receive segment budget, shared by all connections.
+	SegmentBytes uint64
+	// ForceV1: a server answers every offer with v1 (DFKV_RDMA_SERVER_PROTOCOL=1); a client
+	// offers v1 (DFKV_RDMA_PROTOCOL=1, or after a server asked it to fall back).
+	ForceV1   bool
+	IOTimeout time.Duration
+	Logger    *slog.Logger
+	// Metrics, when set, is shared by the connections (a client's pool); else each Client
+	// and Server has its own.
+	Metrics *Metrics
+}
+
+func (c *Config) defaults() {
+	if c.Depth == 0 {
+		c.Depth = 16
+	}
+	if c.MaxBlock == 0 {
+		c.MaxBlock = 4 << 20
+	}
+	if c.MaxTargets == 0 {
+		c.MaxTargets = 16
+	}
+	if c.SegmentBytes == 0 {
+		c.SegmentBytes = 256 << 20
+	}
+	if c.IOTimeout <= 0 {
+		c.IOTimeout = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// maxTargetsInSlot: the prefix and the targets share the request's first page.
+const maxTargetsInSlot = (dcp.SlotPayloadOffset - wire.RequestSize) / targetSize
+
+func (c *Config) limits() dcp.Limits {
+	l := dcp.DefaultLimits
+	l.MaxBlock = max(c.MaxBlock, l.MaxBlock)
+	l.MaxTargets = min(max(c.MaxTargets, 1), maxTargetsInSlot)
+	return l
+}
+
+var (
+	// ErrRefused: the server refused the bootstrap (its reason is in the message).
+	ErrRefused = errors.New("onesided: server refused RDMA")
+	// ErrBroken: the connection failed (completion error, protocol violation, timeout); it
+	// must be closed and its outstanding requests retried elsewhere or failed.
+	ErrBroken = errors.New("onesided: connection broken")
+)
+
+// pickDevice opens the named device, or the first with an ACTIVE port.
+func pickDevice(p verbs.Provider, name string) (verbs.Context, verbs.PortInfo, error) {
+	devs, err := p.Devices()
+	if err != nil {
+		return nil, verbs.PortInfo{}, err
+	}
+	for _, d := range devs {
+		if name != "" && d.Name != name {
+			continue
+		}
+		port, ok := d.ActivePort()
+		if !ok {
+			if name != "" {
+				return nil, verbs.PortInfo{}, fmt.Errorf("onesided: device %s has no ACTIVE port", name)
+			}
+			continue
+		}
+		ctx, err := p.Open(d.Name)
+		if err != nil {
+			return nil, verbs.PortInfo{}, err
+		}
+		return ctx, port, nil
+	}
+	if name != "" {
+		return nil, verbs.PortInfo{}, fmt.Errorf("%w: %s has no device %q", verbs.ErrNoDevice, p.Name(), name)
+	}
+	return nil, verbs.PortInfo{}, fmt.Errorf("%w: %s: no device with an ACTIVE port", verbs.ErrNoDevice, p.Name())
+}
+
+// Metrics are the RDMA counters, named as in the seed (dfkv_rdma_*).
+type Metrics struct {
+	V1ConnsOpened    atomic.Int64
+	V2ConnsOpened    atomic.Int64
+	V2PutWrites      atomic.Int64
+	V2GetWrites      atomic.Int64
+	Completions      atomic.Int64
+	CompletionErrors atomic.Int64
+	ActiveConns      atomic.Int64
+	Refused          atomic.Int64
+	PinWaits         atomic.Int64 // a request waited for its slot's previous SEND completion
+	PinsHeld         atomic.Int64
+	ZeroCopyGets     atomic.Int64 // GETs written straight from the RAM tier's arena
+	V1Puts           atomic.Int64
+	V1Gets           atomic.Int64
+}
+
+// Snapshot returns the metrics by their exported names.
+func (m *Metrics) Snapshot() map[string]float64 {
+	return map[string]float64{
+		"dfkv_rdma_v1_conns_opened_total":   float64(m.V1ConnsOpened.Load()),
+		"dfkv_rdma_v2_conns_opened_total":   float64(m.V2ConnsOpened.Load()),
+		"dfkv_rdma_v2_put_writes_total":     float64(m.V2PutWrites.Load()),
+		"dfkv_rdma_v2_get_writes_total":     float64(m.V2GetWrites.Load()),
+		"dfkv_rdma_completions_total":       float64(m.Completions.Load()),
+		"dfkv_rdma_completion_errors_total": float64(m.CompletionErrors.Load()),
+		"dfkv_rdma_active_conns":            float64(m.ActiveConns.Load()),
+		"dfkv_rdma_refused_total":           float64(m.Refused.Load()),
+		"dfkv_rdma_pin_waits_total":         float64(m.PinWaits.Load()),
+		"dfkv_rdma_pins_held":               float64(m.PinsHeld.Load()),
+		"dfkv_rdma_v2_get_zero_copy_total":  float64(m.ZeroCopyGets.Load()),
+		"dfkv_rdma_v1_puts_total":           float64(m.V1Puts.Load()),
+		"dfkv_rdma_v1_gets_total":           float64(m.V1Gets.Load()),
+	}
+}
+
+// pollSlice bounds one wait on the receive CQ so that send-side errors (which complete on
+// the other CQ) are noticed too.
+const pollSlice = 50 * time.Millisecond

@@ -1,0 +1,509 @@
+package soft
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
+)
+
+// Options configures a soft provider.
+type Options struct {
+	// Devices is how many devices (soft0, soft1, ...) the process has; default 1.
+	Devices int
+	// AckTimeout bounds how long a requester waits for its peer's next response, and how
+	// long a responder waits for a QP that is not yet RTR (hardware: the transport retry
+	// timer times retry count). Default 10 s.
+	AckTimeout time.Duration
+	// RNRTimeout bounds how long an incoming SEND or WRITE_WITH_IMM waits for a posted
+	// receive before it is NAKed receiver-not-ready. Default 2 s.
+	RNRTimeout time.Duration
+	// MaxMsg is the largest message (port max_msg_sz). Default 1 GiB.
+	MaxMsg uint32
+	// AckDelay, when set, is an injected fault: the responder waits the returned duration
+	// before acknowledging a request of the given opcode (e.g. to hold a SEND completion).
+	AckDelay func(op verbs.Opcode) time.Duration
+	Logger   *slog.Logger
+}
+
+// Device limits the soft NIC reports and enforces.
+const (
+	maxQPWR  = 16384
+	maxSGE   = 32
+	maxCQE   = 1 << 20
+	portMTU  = 4096
+	portNum  = 1
+	maxMRLen = 1 << 40
+)
+
+// Provider is the soft provider. The zero value is not usable; call New.
+type Provider struct {
+	opt  Options
+	devs []*device
+}
+
+// New creates a soft provider with its devices (nothing listens until a device is opened).
+func New(opt Options) (*Provider, error) {
+	if opt.Devices <= 0 {
+		opt.Devices = 1
+	}
+	if opt.AckTimeout <= 0 {
+		opt.AckTimeout = 10 * time.Second
+	}
+	if opt.RNRTimeout <= 0 {
+		opt.RNRTimeout = 2 * time.Second
+	}
+	if opt.MaxMsg == 0 {
+		opt.MaxMsg = 1 << 30
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	p := &Provider{opt: opt}
+	for i := range opt.Devices {
+		var gid verbs.GID
+		gid[0], gid[1] = 0xfe, 0x80 // link-local prefix, as RoCE's default GID
+		if _, err := rand.Read(gid[8:]); err != nil {
+			return nil, fmt.Errorf("soft: device GID: %w", err)
+		}
+		var kb [4]byte
+		if _, err := rand.Read(kb[:]); err != nil {
+			return nil, fmt.Errorf("soft: key seed: %w", err)
+		}
+		seed := binary.LittleEndian.Uint32(kb[:])
+		p.devs = append(p.devs, &device{
+			p:       p,
+			name:    fmt.Sprintf("soft%d", i),
+			gid:     gid,
+			nextKey: seed & 0x00ffff00,
+			nextQPN: 0x100 + seed&0xfff,
+			mrs:     map[uint32]*mr{},
+			qps:     map[uint32]*qp{},
+		})
+	}
+	return p, nil
+}
+
+// Name implements verbs.Provider.
+func (p *Provider) Name() string { return "soft" }
+
+// Devices implements verbs.Provider.
+func (p *Provider) Devices() ([]verbs.DeviceInfo, error) {
+	out := make([]verbs.DeviceInfo, 0, len(p.devs))
+	for _, d := range p.devs {
+		out = append(out, d.info())
+	}
+	return out, nil
+}
+
+// Open implements verbs.Provider.
+func (p *Provider) Open(name string) (verbs.Context, error) {
+	for _, d := range p.devs {
+		if d.name == name {
+			if err := d.acquire(); err != nil {
+				return nil, err
+			}
+			return &devContext{d: d}, nil
+		}
+	}
+	return nil, fmt.Errorf("soft: open %q: %w", name, verbs.ErrNoDevice)
+}
+
+// sockName is the abstract unix socket a device with this GID listens on.
+func sockName(g verbs.GID) string { return "@dfkv-soft-" + hex.EncodeToString(g[:]) }
+
+type device struct {
+	p    *Provider
+	name string
+	gid  verbs.GID
+
+	mu      sync.Mutex
+	refs    int
+	ln      net.Listener
+	acceptW sync.WaitGroup
+	nextKey uint32
+	nextQPN uint32
+	mrs     map[uint32]*mr
+	qps     map[uint32]*qp
+	inbound map[net.Conn]struct{} // accepted streams not yet bound to a QP
+	done    chan struct{}         // closed when the last context closes
+}
+
+func (d *device) info() verbs.DeviceInfo {
+	return verbs.DeviceInfo{
+		Name:     d.name,
+		NUMANode: -1,
+		Ports: []verbs.PortInfo{{
+			Num: portNum, State: verbs.PortActive, PhysState: verbs.PhysLinkUp,
+			GID: d.gid, MTU: portMTU, LinkLayer: "Ethernet",
+		}},
+		MaxQPWR: maxQPWR, MaxSGE: maxSGE, MaxCQE: maxCQE, MaxMRLen: maxMRLen,
+	}
+}
+
+func (d *device) acquire() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.refs == 0 {
+		ln, err := net.Listen("unix", sockName(d.gid))
+		if err != nil {
+			return fmt.Errorf("soft: %s listen: %w", d.name, err)
+		}
+		d.ln = ln
+		d.inbound = map[net.Conn]struct{}{}
+		d.done = make(chan struct{})
+		d.acceptW.Add(1)
+		go d.acceptLoop(ln)
+	}
+	d.refs++
+	return nil
+}
+
+func (d *device) release() {
+	d.mu.Lock()
+	d.refs--
+	if d.refs > 0 {
+		d.mu.Unlock()
+		return
+	}
+	ln := d.ln
+	d.ln = nil
+	close(d.done)
+	for c := range d.inbound {
+		c.Close()
+	}
+	d.mu.Unlock()
+	ln.Close()
+	d.acceptW.Wait()
+}
+
+func (d *device) acceptLoop(ln net.Listener) {
+	defer d.acceptW.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return // closed by release
+		}
+		d.mu.Lock()
+		if d.ln != ln {
+			d.mu.Unlock()
+			c.Close()
+			return
+		}
+		d.inbound[c] = struct{}{}
+		d.acceptW.Add(1)
+		d.mu.Unlock()
+		go func() {
+			defer d.acceptW.Done()
+			d.bindInbound(c)
+		}()
+	}
+}
+
+// bindInbound reads a requester's hello and hands the stream to the QP it names once that QP
+// is ready to receive (RTR or later) and is connected to the requester.
+func (d *device) bindInbound(c net.Conn) {
+	opt := d.p.opt
+	fail := func(why string, args ...any) {
+		d.mu.Lock()
+		delete(d.inbound, c)
+		d.mu.Unlock()
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		c.Write(response{kind: kNak, status: verbs.StatusRemInvReqErr}.encode())
+		c.Close()
+		opt.Logger.Debug("soft: refused inbound stream", append([]any{"device", d.name, "why", why}, args...)...)
+	}
+	c.SetReadDeadline(time.Now().Add(opt.AckTimeout))
+	var hb [helloLen]byte
+	if _, err := readFull(c, hb[:]); err != nil {
+		fail("no hello", "err", err)
+		return
+	}
+	h, err := decodeHello(hb[:])
+	if err != nil {
+		fail("bad hello", "err", err)
+		return
+	}
+	deadline := time.Now().Add(opt.AckTimeout)
+	d.mu.Lock()
+	done := d.done
+	d.mu.Unlock()
+	for {
+		d.mu.Lock()
+		q := d.qps[h.dstQPN]
+		d.mu.Unlock()
+		if q == nil {
+			fail("no such qp", "qpn", h.dstQPN)
+			return
+		}
+		ok, changed, err := q.acceptInbound(h, c)
+		if err != nil {
+			fail(err.Error(), "qpn", h.dstQPN)
+			return
+		}
+		if ok {
+			d.mu.Lock()
+			delete(d.inbound, c)
+			d.mu.Unlock()
+			return
+		}
+		// Not yet RTR: the peer raced ahead in connection setup. Wait, bounded.
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-changed:
+			t.Stop()
+		case <-done:
+			t.Stop()
+			fail("device closed")
+			return
+		case <-t.C:
+			fail("qp not ready", "qpn", h.dstQPN)
+			return
+		}
+	}
+}
+
+func (d *device) lookupMR(key uint32) *mr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mrs[key]
+}
+
+type devContext struct {
+	d      *device
+	mu     sync.Mutex
+	closed bool
+}
+
+func (c *devContext) Info() verbs.DeviceInfo { return c.d.info() }
+
+func (c *devContext) AllocPD() (verbs.PD, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, verbs.ErrClosed
+	}
+	return &pd{ctx: c}, nil
+}
+
+func (c *devContext) CreateCQ(depth int) (verbs.CQ, error) {
+	if depth <= 0 || depth > maxCQE {
+		return nil, fmt.Errorf("%w: cq depth %d (max %d)", verbs.ErrInvalid, depth, maxCQE)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, verbs.ErrClosed
+	}
+	return newCQ(depth), nil
+}
+
+func (c *devContext) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.d.release()
+	return nil
+}
+
+type pd struct {
+	ctx *devContext
+}
+
+func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
+	if len(buf) == 0 || uint64(len(buf)) > maxMRLen {
+		return nil, fmt.Errorf("%w: register %d bytes", verbs.ErrInvalid, len(buf))
+	}
+	// As in verbs: remote write (and atomics) need local write too.
+	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("%w: remote write access requires local write", verbs.ErrInvalid)
+	}
+	d := p.ctx.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nextKey += 0x100
+	key := d.nextKey | uint32(len(d.mrs)&0xff)
+	for d.mrs[key] != nil {
+		d.nextKey += 0x100
+		key = d.nextKey
+	}
+	m := &mr{pd: p, buf: buf, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), key: key, access: access}
+	d.mrs[key] = m
+	return m, nil
+}
+
+func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
+	if cfg.Type != verbs.QPTypeRC {
+		return nil, fmt.Errorf("%w: qp type %d (only RC)", verbs.ErrInvalid, cfg.Type)
+	}
+	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
+		return nil, fmt.Errorf("%w: qp without CQs", verbs.ErrInvalid)
+	}
+	scq, ok1 := cfg.SendCQ.(*cq)
+	rcq, ok2 := cfg.RecvCQ.(*cq)
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("%w: CQ from another provider", verbs.ErrInvalid)
+	}
+	if cfg.MaxSendWR <= 0 || cfg.MaxSendWR > maxQPWR || cfg.MaxRecvWR < 0 || cfg.MaxRecvWR > maxQPWR ||
+		cfg.MaxSendSGE <= 0 || cfg.MaxSendSGE > maxSGE || cfg.MaxRecvSGE < 0 || cfg.MaxRecvSGE > maxSGE {
+		return nil, fmt.Errorf("%w: qp caps %d/%d WRs, %d/%d SGEs (max %d, %d)", verbs.ErrInvalid,
+			cfg.MaxSendWR, cfg.MaxRecvWR, cfg.MaxSendSGE, cfg.MaxRecvSGE, maxQPWR, maxSGE)
+	}
+	d := p.ctx.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p.ctx.closed {
+		return nil, verbs.ErrClosed
+	}
+	d.nextQPN = (d.nextQPN + 1) & psnMask
+	if d.nextQPN < 0x100 {
+		d.nextQPN = 0x100
+	}
+	q := newQP(d, p, d.nextQPN, cfg, scq, rcq)
+	d.qps[q.num] = q
+	return q, nil
+}
+
+func (p *pd) Close() error { return nil }
+
+type mr struct {
+	pd     *pd
+	buf    []byte
+	addr   uint64
+	key    uint32
+	access verbs.Access
+
+	// mu is held for reading while bytes move in or out of buf, so that Close returns only
+	// when no transfer touches the memory any more (the caller may unmap it next).
+	mu     sync.RWMutex
+	closed bool
+}
+
+func (m *mr) Addr() uint64         { return m.addr }
+func (m *mr) Len() int             { return len(m.buf) }
+func (m *mr) LKey() uint32         { return m.key }
+func (m *mr) RKey() uint32         { return m.key }
+func (m *mr) Access() verbs.Access { return m.access }
+func (m *mr) Bytes() []byte        { return m.buf }
+
+func (m *mr) Close() error {
+	d := m.pd.ctx.d
+	d.mu.Lock()
+	if d.mrs[m.key] == m {
+		delete(d.mrs, m.key)
+	}
+	d.mu.Unlock()
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	return nil
+}
+
+// span returns buf[addr-m.addr : +n] if [addr, addr+n) lies inside the MR. The caller holds
+// m.mu for reading and has checked !m.closed.
+func (m *mr) span(addr uint64, n uint32) ([]byte, bool) {
+	if addr < m.addr {
+		return nil, false
+	}
+	off := addr - m.addr
+	if off > uint64(len(m.buf)) || uint64(n) > uint64(len(m.buf))-off {
+		return nil, false
+	}
+	return m.buf[off : off+uint64(n)], true
+}
+
+// cq is a completion queue: a bounded FIFO and a broadcast channel for waiters.
+type cq struct {
+	mu       sync.Mutex
+	depth    int
+	q        []verbs.WorkCompletion
+	overflow bool
+	closed   bool
+	ready    chan struct{} // closed and replaced on every push
+	done     chan struct{}
+}
+
+func newCQ(depth int) *cq {
+	return &cq{depth: depth, ready: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (c *cq) push(wcs ...verbs.WorkCompletion) {
+	if len(wcs) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	for _, wc := range wcs {
+		if len(c.q) >= c.depth {
+			c.overflow = true
+			break
+		}
+		c.q = append(c.q, wc)
+	}
+	close(c.ready)
+	c.ready = make(chan struct{})
+}
+
+func (c *cq) Poll(wcs []verbs.WorkCompletion) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, verbs.ErrClosed
+	}
+	if c.overflow {
+		return 0, verbs.ErrCQOverflow
+	}
+	n := copy(wcs, c.q)
+	c.q = c.q[:copy(c.q, c.q[n:])]
+	return n, nil
+}
+
+func (c *cq) Wait(ctx context.Context) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return verbs.ErrClosed
+	}
+	if len(c.q) > 0 || c.overflow {
+		c.mu.Unlock()
+		return nil
+	}
+	ch := c.ready
+	c.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-c.done:
+		return verbs.ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *cq) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.closed = true
+		close(c.done)
+	}
+	return nil
+}
+
+func readFull(c net.Conn, b []byte) (int, error) { return io.ReadFull(c, b) }
