@@ -52,7 +52,7 @@ type Options struct {
 	// are better served by the netpoller. Linux, kernel-socket transports only (others
 	// ignore it). Deadlines, retries and the cool-down behave the same.
 	BlockingIO bool
-	RDMA             *RDMAOptions // nil = TCP only
+	RDMA       *RDMAOptions // nil = TCP only
 }
 
 // Client is safe for concurrent use.
