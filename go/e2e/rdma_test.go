@@ -90,7 +90,7 @@ func rnd(n int, seed uint64) []byte {
 }
 
 func TestRDMASoftServer(t *testing.T) {
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--rdma-segment", "320MiB",
+	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--max-msg", "64MiB", "--rdma-segment", "320MiB",
 		"--ram-tier", "--ram-tier-bytes", "256MiB")
 	boot, st := rdmaBootstrap(t, s.addr)
 	if st != fb.StatusOk {
@@ -195,8 +195,8 @@ func TestRDMAUnavailable(t *testing.T) {
 // The Go client with RDMA on: values up to its declared block move over RDMA, larger ones
 // and servers without RDMA over TCP; TransportMode says which and why.
 func TestRDMAGoClient(t *testing.T) {
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB")
-	plain := startServer(t, t.TempDir())
+	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--max-msg", "64MiB")
+	plain := startServer(t, t.TempDir(), "--cap", "512MiB", "--max-msg", "64MiB")
 	for _, srv := range []*serverProc{s, plain} {
 		ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: srv.addr, Weight: 100}})
 		if err != nil {

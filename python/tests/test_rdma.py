@@ -34,7 +34,7 @@ def rdma_server(tmp_path_factory):
     log = open(tmp / "server.log", "wb")
     proc = subprocess.Popen(
         [str(SERVER_BIN), "--host", "127.0.0.1", "--port", "0", "--addr-file", str(addr_file),
-         "--dir", str(tmp / "data"), "--cap", str(512 << 20), "--metrics-port", str(mport),
+         "--dir", str(tmp / "data"), "--cap", str(512 << 20), "--max-msg", str(64 << 20), "--metrics-port", str(mport),
          "--rdma", "--rdma-provider", "soft"],
         stdout=log, stderr=subprocess.STDOUT,
     )
