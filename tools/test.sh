@@ -133,6 +133,8 @@ CI=true go test -tags ops -count=1 -v -timeout 5m ./go/e2e/ops/
 
 if [ $quick = 0 ]; then
   step "fuzz every decoder briefly"
+  # Inputs in a target's corpus directory (0 when it has none yet).
+  corpus_size() { if [ -d "$1" ]; then find "$1" -type f | wc -l; else echo 0; fi; }
   for pkg in $(go list ./go/...); do
     dir=$(go list -f '{{.Dir}}' "$pkg")
     for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //'); do
@@ -142,12 +144,12 @@ if [ $quick = 0 ]; then
       # that leaves no input behind is the engine's: say so, and run the target once more.
       log=$(mktemp)
       for attempt in 1 2; do
-        before=$(ls "$dir/testdata/fuzz/$target" 2>/dev/null | wc -l)
+        before=$(corpus_size "$dir/testdata/fuzz/$target")
         if go test -run '^$' -fuzz "^${target}\$" -fuzztime "${DFKV_FUZZTIME:-200000x}" "$pkg" >"$log" 2>&1; then
           tail -1 "$log"; break
         fi
         grep -v '^fuzz: elapsed' "$log" | tail -40
-        after=$(ls "$dir/testdata/fuzz/$target" 2>/dev/null | wc -l)
+        after=$(corpus_size "$dir/testdata/fuzz/$target")
         if [ "$after" != "$before" ] || [ $attempt = 2 ]; then
           echo "tools/test.sh: fuzz target $target in $pkg failed"; rm -f "$log"; exit 1
         fi
