@@ -63,10 +63,12 @@ func keySlot(k []byte) uint32 {
 
 // region is the n bytes of slot within a working set ws (len(ws) >= n).
 func region(ws []byte, slot uint32, n uint64) []byte {
-	slots := uint64(len(ws)) / n
-	off := (uint64(slot) % slots) * n
+	off := slotIndex(ws, slot, n) * n
 	return ws[off : off+n]
 }
+
+// slotIndex is the position of slot's region in ws (slots wrap around the working set).
+func slotIndex(ws []byte, slot uint32, n uint64) uint64 { return uint64(slot) % (uint64(len(ws)) / n) }
 
 // rawServe runs `dfkv_bench rawserver`: until SIGTERM/SIGINT.
 func rawServe(args []string) int {
@@ -109,10 +111,14 @@ func rawServe(args []string) int {
 
 type rawServer struct {
 	src []byte // the working set: GET replies and PUT payloads use slots of it
-	max int
-	wg  sync.WaitGroup
-	mu  sync.Mutex
-	cs  map[net.Conn]struct{}
+	// slots guards the working set by slot (striped): a PUT writes its slot under the write
+	// lock, a GET sends from it under the read lock, so concurrent connections never race
+	// on one slot (a run uses one value size, so distinct slots never overlap).
+	slots [256]sync.RWMutex
+	max   int
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	cs    map[net.Conn]struct{}
 }
 
 func newRawServer(maxSize, workingSet int) *rawServer {
@@ -181,9 +187,13 @@ func (s *rawServer) conn(nc net.Conn) {
 				}
 				continue
 			}
-			// Concurrent PUTs to one slot may interleave: the bytes are never read back as
-			// values (rawtcp carries no stamps), only the memory traffic matters.
-			if _, err := io.ReadFull(br, region(s.src, slot, n)); err != nil {
+			// The bytes are never read back as values (rawtcp carries no stamps), only the
+			// memory traffic matters; the slot lock keeps connections off each other's slot.
+			mu := &s.slots[slotIndex(s.src, slot, n)%uint64(len(s.slots))]
+			mu.Lock()
+			_, err := io.ReadFull(br, region(s.src, slot, n))
+			mu.Unlock()
+			if err != nil {
 				bad("reading a %d-byte put: %v", n, err)
 				return
 			}
@@ -199,7 +209,16 @@ func (s *rawServer) conn(nc net.Conn) {
 			}
 			bufs = append(bufs[:0], rep[:], payload)
 			b := bufs
-			if _, err := b.WriteTo(nc); err != nil {
+			var err error
+			if n > 0 {
+				mu := &s.slots[slotIndex(s.src, slot, n)%uint64(len(s.slots))]
+				mu.RLock()
+				_, err = b.WriteTo(nc)
+				mu.RUnlock()
+			} else {
+				_, err = b.WriteTo(nc)
+			}
+			if err != nil {
 				return
 			}
 		case rawExist:
