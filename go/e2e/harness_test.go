@@ -182,8 +182,15 @@ func newClient(t *testing.T, addr string) *client.Client {
 
 func freePort(t *testing.T) int {
 	t.Helper()
+	// Below the kernel's ephemeral range: a port picked there can be taken, between this
+	// check and the daemon's bind, by any outgoing connection of the tests running beside
+	// this one (it happened: "bind: address already in use").
+	lo, hi := 20000, ephemeralLow()
+	if hi-lo < 1000 {
+		lo, hi = 20000, 32768
+	}
 	for i := 0; i < 100; i++ {
-		p := 20000 + rand.IntN(30000)
+		p := lo + rand.IntN(hi-lo)
 		if l, err := listenTCP(p); err == nil {
 			l.Close()
 			return p
@@ -216,4 +223,18 @@ func hash(s string) uint64 {
 		h = (h ^ uint64(s[i])) * 1099511628211
 	}
 	return h
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral (outgoing) range; 32768 when
+// unknown.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil || lo <= 0 {
+		return 32768
+	}
+	return lo
 }
