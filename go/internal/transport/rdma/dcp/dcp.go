@@ -84,6 +84,10 @@ type Limits struct {
 	MaxRails   int
 }
 
+// MaxTailBytes bounds an encoded tail (64 rails and segments fit in a few KiB): larger
+// input is refused before any parsing, as the bootstrap frame that carries it is.
+const MaxTailBytes = 64 << 10
+
 // DefaultLimits match the server's default value cap (64 MiB).
 var DefaultLimits = Limits{MaxBlock: 64 << 20, MaxDepth: 1024, MaxTargets: 256, MaxRails: 8}
 
@@ -154,6 +158,9 @@ func encode(t Tail, magic uint32) []byte {
 
 // decode parses the table without judging it; malformed input is an error, never a panic.
 func decode(buf []byte) (t Tail, magic uint32, err error) {
+	if len(buf) > MaxTailBytes {
+		return Tail{}, 0, fmt.Errorf("%w: tail of %d bytes (max %d)", ErrRefused, len(buf), MaxTailBytes)
+	}
 	if len(buf) < 8 {
 		return Tail{}, 0, fmt.Errorf("%w: %d bytes", ErrMalformed, len(buf))
 	}

@@ -149,23 +149,36 @@ func TestBadTails(t *testing.T) {
 	}
 }
 
+// FuzzDecodeDcp feeds arbitrary bytes to the server's decoder (offers); an accepted offer
+// must survive re-encoding. FuzzDecodeDcpAnswer does the client's. (One target running both
+// made Go 1.26's fuzz worker grow past 1.5 GB and stall after ~40k execs, with a recorded
+// input that passes on its own; split, each runs clean. Unexplained: see the closing note.)
 func FuzzDecodeDcp(f *testing.F) {
 	o := offerV2()
 	f.Add(Encode(o))
+	f.Add(Encode(Tail{Version: V1, MaxBlock: 1, Depth: 1, Rails: []Rail{rail()}}))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := DecodeOffer(b, DefaultLimits)
+		if err != nil {
+			return
+		}
+		again, err := DecodeOffer(Encode(got), DefaultLimits)
+		if err != nil {
+			t.Fatalf("accepted offer fails after re-encoding: %v", err)
+		}
+		if diff := cmp.Diff(got, again); diff != "" {
+			t.Fatal(diff)
+		}
+	})
+}
+
+func FuzzDecodeDcpAnswer(f *testing.F) {
+	o := offerV2()
 	f.Add(Encode(answerV2(o)))
 	f.Add(Encode(Tail{Version: V1, MaxBlock: 1, Depth: 1, Rails: []Rail{rail()}}))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if got, err := DecodeOffer(b, DefaultLimits); err == nil {
-			// An accepted offer re-encodes to a tail that decodes to the same thing.
-			again, err := DecodeOffer(Encode(got), DefaultLimits)
-			if err != nil {
-				t.Fatalf("accepted offer fails after re-encoding: %v", err)
-			}
-			if diff := cmp.Diff(got, again); diff != "" {
-				t.Fatal(diff)
-			}
-		}
 		if a, err := DecodeAnswer(b, o, DefaultLimits); err == nil && a.Version == V2 {
 			s := a.Segments[0]
 			if s.SlotBytes != SlotSize(a.MaxBlock) || s.Length != uint64(s.Slots)*s.SlotBytes {

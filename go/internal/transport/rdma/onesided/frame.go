@@ -6,13 +6,15 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
 )
 
 // Bootstrap frames on the TCP connection: kind u8, length u32 LE, body.
 const (
 	frameTail    = 1
 	frameRefusal = 2
-	maxFrame     = 64 << 10
+	maxFrame     = dcp.MaxTailBytes
 )
 
 func writeFrame(c net.Conn, kind byte, body []byte, timeout time.Duration) error {
