@@ -6,7 +6,7 @@
 set -euo pipefail
 prog=$PWD/$1 server=$PWD/$2
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/abi.XXXXXX")
-"$server" --host 127.0.0.1 --port 0 --addr-file "$tmp/addr" --dir "$tmp/data" --cap 256MiB --log-level warn &
+"$server" --host 127.0.0.1 --port 0 --addr-file "$tmp/addr" --dir "$tmp/data" --cap 256MiB --max-msg 32MiB --log-level warn &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 750); do [ -s "$tmp/addr" ] && break; sleep 0.02; done
