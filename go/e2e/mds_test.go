@@ -300,17 +300,23 @@ func TestMDSEmbeddedEtcd(t *testing.T) {
 	})
 }
 
-func TestMDSExternalEtcd(t *testing.T) {
+// etcdBinary is the external etcd the tests start. Not a skip when it is missing: that
+// would silently drop the external-etcd checks from CI.
+func etcdBinary(t *testing.T) string {
+	t.Helper()
 	name := "etcd"
 	if v := os.Getenv("DFKV_ETCD"); v != "" { // another etcd binary (tools/test-guards.sh points it nowhere)
 		name = v
 	}
 	bin, err := exec.LookPath(name)
 	if err != nil {
-		// Not a skip: a missing etcd would silently drop the external-etcd check from CI.
 		t.Fatalf("external etcd not on PATH (tools/test.sh installs Debian's etcd-server: apt-get install -y etcd-server): %v", err)
 	}
-	e := startEtcd(t, bin)
+	return bin
+}
+
+func TestMDSExternalEtcd(t *testing.T) {
+	e := startEtcd(t, etcdBinary(t))
 	a := startMDS(t, "mds-a", []string{"--etcd", e.client})
 	b := startMDS(t, "mds-b", []string{"--etcd", e.client})
 	runMDSScenario(t, &cluster{mdsA: a, mdsB: b, stopEtcd: e.kill, startEtc: e.start})

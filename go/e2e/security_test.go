@@ -639,10 +639,7 @@ func TestMDSMutualTLS(t *testing.T) {
 // serves https and requires client certificates, with --etcd-cacert/--etcd-cert/--etcd-key;
 // without the client certificate its calls answer the etcd-unavailable status.
 func TestMDSExternalEtcdTLS(t *testing.T) {
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Skip("external etcd not installed (tools/test.sh installs Debian's etcd-server: apt-get install -y etcd-server)")
-	}
+	bin := etcdBinary(t)
 	p := newPKI(t)
 	client, peer := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	cmd := exec.Command(bin, "--name", "dfkv-e2e-tls", "--data-dir", filepath.Join(t.TempDir(), "data"),
