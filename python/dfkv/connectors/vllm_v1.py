@@ -31,11 +31,20 @@ Nothing blocks the scheduler thread and a vanished object never fails a request:
   straight into a second registered pinned buffer and stores them (``kv_role=kv_consumer``
   never saves; ``kv_producer`` never looks up).
 
-One object = one block of one KV cache group on one rank: every layer of the group, each
-layer's block in its logical (K/V-first) order, concatenated. MLA models store one object per
-block shared by all TP ranks (tp rank = replicated), written by TP rank 0 only. At start the
-connector checks one object against the servers' advertised max value size and refuses to
+One object = one paged block of one KV cache group on one rank: every layer of the group,
+each layer's block in its logical (K/V-first) order, concatenated. MLA models store one object
+per block shared by all TP ranks (tp rank = replicated), written by TP rank 0 only. At start
+the connector checks one object against the servers' advertised max value size and refuses to
 start, naming ``--max-msg``, when it does not fit.
+
+Granularity follows vLLM's: hits, loads and saves go by vLLM's scheduler block
+(``resolve_kv_cache_block_sizes``: ``block_size x dcp``, or the LCM of the groups' blocks), and
+a group's paged block is keyed by the hash vLLM computed for the hash unit that ends it
+(``hash_block_size``: the scheduler block, or the groups' GCD / ``prefix_match_unit``), the
+hash that covers exactly the block's prefix. Under decode context parallelism each rank holds
+its share of a block's tokens in its physical block: its object carries its DCP rank (MLA: one
+object per DCP shard, written by TP rank = DCP rank), and a hit needs every rank's object.
+Prefill context parallelism (PCP > 1) is refused with a warning (no hits, no saves).
 """
 
 from __future__ import annotations
@@ -534,8 +543,8 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         """Refuse to start when one block object exceeds what the servers accept: every PUT
         would fail, silently, for the life of the engine."""
         check_object_size(self._client, max(self._obj_bytes or [0]),
-                          f"dfkv vLLM connector: one KV block object ({self.block_size} tokens x "
-                          "every layer of a KV cache group on this rank)", "use a smaller --block-size")
+                          "dfkv vLLM connector: one KV block object (one paged block of every layer of "
+                          "a KV cache group on this rank)", "use a smaller --block-size")
 
     def _as_blocks(self, name: str, t: torch.Tensor) -> Tuple[torch.Tensor, int]:
         """A view of a layer's KV tensor with one dimension of ``num_blocks`` blocks, and that

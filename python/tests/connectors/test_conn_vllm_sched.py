@@ -276,3 +276,31 @@ def test_kv_role_consumer_never_saves_producer_never_looks_up(members, tenant):
     r.add(vllm_request("reader2", PROMPT))
     r.run(["reader2"])
     assert r.first_forward["reader2"] == (3 * VLLM_BLOCK, True)
+
+
+def test_hash_unit_ending_no_block_is_refused_by_name(members, tenant, caplog):
+    """The other layout the connector refuses: vLLM hashing a unit that does not divide a
+    group's block (what vLLM hands over with a Mamba group outside cache mode "align": the
+    hash unit falls back to the scheduler block, coarser than the attention group's), so no
+    hash names that block. Built through vLLM's KVConnectorFactory with the KVCacheConfig
+    the engine core would pass."""
+    import logging
+
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
+
+    from engine_support import VLLM_HEAD, VLLM_HEADS, VLLM_LAYERS, vllm_configs
+
+    cfg, kvc = vllm_configs(members, tenant)
+    kvc.kv_cache_groups = [KVCacheGroupSpec(layer_names=[n], kv_cache_spec=FullAttentionSpec(
+        block_size=b, num_kv_heads=VLLM_HEADS, head_size=VLLM_HEAD, dtype=torch.bfloat16))
+        for n, b in zip(VLLM_LAYERS, (4, 8))]
+    kvc.hash_block_size = 8
+    with caplog.at_level(logging.WARNING, logger="dfkv.connectors.vllm"):
+        c = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvc)
+    assert not c.enabled
+    assert "vLLM hashes units of 8 tokens and schedules blocks of 8; KV cache group(s) [0] have blocks of [4] tokens" in caplog.text
+    kvc.hash_block_size = 4  # what vLLM resolves for these groups itself: served
+    assert KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvc).enabled
