@@ -216,6 +216,9 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                            self.hash_tokens, self.sched_tokens, [g for g, _ in bad],
                            [t for _, t in bad])
         desc = {
+            # a worker's UniformTypeKVCacheSpecs is described by its first layer's spec, as
+            # vLLM hands the scheduler (generate_scheduler_kv_cache_config): both sides must
+            # derive the same namespace
             "groups": [{"layers": len(names), "spec": type(spec).__name__,
                         "block_size": getattr(spec, "block_size", None),
                         "heads": getattr(spec, "num_kv_heads", None),
@@ -224,14 +227,15 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                         "dtype": dtype_name(getattr(spec, "dtype", None)),
                         "page_bytes": getattr(spec, "page_size_bytes", None),
                         "window": getattr(spec, "sliding_window", None)}
-                       for names, spec in self.groups],
+                       for names, spec in ((n, getattr(sp, "first_spec", sp)) for n, sp in self.groups)],
             "mla": self.use_mla,
             "group_tokens": self.group_tokens,
             "hash_tokens": self.hash_tokens,
             "sched_tokens": self.sched_tokens,
             "dcp_interleave": self.cp_interleave if self.dcp_size > 1 else 1,
         }
-        first_dtype = getattr(self.groups[0][1], "dtype", None) if self.groups else None
+        first = getattr(self.groups[0][1], "first_spec", self.groups[0][1]) if self.groups else None
+        first_dtype = getattr(first, "dtype", None)
         ns = build_namespace(
             tenant=self.cfg.tenant, model=model, revision=revision, layout=LAYOUT_ID,
             dtype=dtype_name(first_dtype), fingerprint=fingerprint(desc),

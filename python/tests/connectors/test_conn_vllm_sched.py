@@ -301,6 +301,33 @@ def test_hash_unit_ending_no_block_is_refused_by_name(members, tenant, caplog):
     with caplog.at_level(logging.WARNING, logger="dfkv.connectors.vllm"):
         c = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvc)
     assert not c.enabled
-    assert "vLLM hashes units of 8 tokens and schedules blocks of 8; KV cache group(s) [0] have blocks of [4] tokens" in caplog.text
+    assert ("vLLM hashes units of 8 tokens and schedules blocks of 8; KV cache group(s) [0] "
+            "have blocks of [4] tokens") in caplog.text
     kvc.hash_block_size = 4  # what vLLM resolves for these groups itself: served
     assert KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvc).enabled
+
+
+def test_uniform_type_specs_worker_shares_the_schedulers_namespace(members, tenant):
+    """Workers may get a group spec of UniformTypeKVCacheSpecs while vLLM hands the scheduler
+    its first layer's spec (generate_scheduler_kv_cache_config): both sides must derive the
+    same namespace, or the scheduler would never find what the workers store."""
+    import copy
+
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, UniformTypeKVCacheSpecs
+
+    from engine_support import VLLM_HEAD, VLLM_HEADS, VLLM_LAYERS, vllm_configs
+
+    cfg, kvc = vllm_configs(members, tenant)
+    spec = FullAttentionSpec(block_size=VLLM_BLOCK, num_kv_heads=VLLM_HEADS, head_size=VLLM_HEAD,
+                             dtype=torch.bfloat16)
+    kvc.kv_cache_groups = [KVCacheGroupSpec(layer_names=list(VLLM_LAYERS), kv_cache_spec=UniformTypeKVCacheSpecs(
+        block_size=VLLM_BLOCK, kv_cache_specs={n: spec for n in VLLM_LAYERS}))]
+    sched_kvc = generate_scheduler_kv_cache_config([copy.deepcopy(kvc)])
+    assert type(sched_kvc.kv_cache_groups[0].kv_cache_spec) is FullAttentionSpec
+    s = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, sched_kvc)
+    w = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kvc)
+    assert s._client.namespace == w._client.namespace
