@@ -24,6 +24,11 @@ except ImportError:  # Python < 3.11
 
 EPOCH = (1980, 1, 1, 0, 0, 0)
 
+# Files at the root of the wheel (site-packages), beside the dfkv package: the start-up hook
+# that lets LMCache's adapter discovery find dfkv:// remote URLs and the .pth that runs it
+# (python/setup.py ships the same two in setuptools-built wheels).
+ROOT_FILES = ("_dfkv_lmcache_hook.py", "dfkv-lmcache.pth")
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -49,9 +54,13 @@ def main():
     files = {}  # archive name -> bytes
     for path in sorted(a.files):
         i = path.rfind("python/dfkv/")
-        if i < 0:
-            sys.exit("wheel.py: %s is not under python/dfkv/" % path)
-        arc = path[i + len("python/"):]
+        root = [f for f in ROOT_FILES if path == "python/" + f or path.endswith("/python/" + f)]
+        if root:
+            arc = root[0]
+        elif i < 0:
+            sys.exit("wheel.py: %s is neither under python/dfkv/ nor one of %s" % (path, ROOT_FILES))
+        else:
+            arc = path[i + len("python/"):]
         if "__pycache__" in arc or arc.endswith(".pyc"):
             continue
         files[arc] = open(path, "rb").read()
@@ -79,7 +88,8 @@ def main():
         "false" if a.lib else "true", tag)
     files[dist + ".dist-info/METADATA"] = metadata.encode()
     files[dist + ".dist-info/WHEEL"] = wheel.encode()
-    files[dist + ".dist-info/top_level.txt"] = b"dfkv\n"
+    tops = ["dfkv"] + [f[:-3] for f in ROOT_FILES if f.endswith(".py") and f in files]
+    files[dist + ".dist-info/top_level.txt"] = ("\n".join(tops) + "\n").encode()
 
     record = []
     for arc, data in files.items():

@@ -17,5 +17,10 @@ c = dfkv.Client(members="n1=127.0.0.1:1", namespace=b"wheel-test")
 path = _lib.loaded_path()
 c.close()
 assert path and path.startswith(sys.argv[1]), "loaded %r, not the wheel's copy" % path
+# the wheel's dfkv-lmcache.pth ran at start-up and points LMCache's adapter scan at this dfkv
+assert "_dfkv_lmcache_hook" in sys.modules, "dfkv-lmcache.pth did not run"
+import _dfkv_lmcache_hook
+d = _dfkv_lmcache_hook.discovery_dir()
+assert d and d.startswith(sys.argv[1]), "LMCache discovery dir %r, not the wheel's" % d
 print("OK: dfkv", dfkv.__version__ if hasattr(dfkv, "__version__") else "", "loaded", path)
 PY

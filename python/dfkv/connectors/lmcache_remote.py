@@ -11,8 +11,13 @@ Load it as a remote storage plugin (LMCache config file or ``LMCACHE_*`` environ
     # or the nodes as one URL, still through the plugin (one backend):
       remote_storage_plugin.dfkv.url: "dfkv://n1@10.0.0.10:12000,n2@10.0.0.11:12000"
 
-Do not also set ``remote_url``: LMCache builds one RemoteBackend per plugin *and* one for
-``remote_url``, so the same chunks would be written twice.
+Or, with the wheel installed (its ``dfkv-lmcache.pth`` lets LMCache's built-in adapter scan
+find ``DfkvConnectorAdapter``; see ``_dfkv_lmcache_hook``), a URL alone and no plugin keys::
+
+    remote_url: "dfkv://n1@10.0.0.10:12000,n2@10.0.0.11:12000"
+
+Use one form or the other, not both: LMCache builds one RemoteBackend per plugin *and* one
+for ``remote_url``, so the same chunks would be written twice.
 
 LMCache's ``ConnectorManager`` imports the module named by
 ``remote_storage_plugin.<name>.module_path``, instantiates ``DfkvConnectorAdapter()`` and asks

@@ -31,16 +31,26 @@ Nothing blocks the scheduler thread and a vanished object never fails a request:
   straight into a second registered pinned buffer and stores them (``kv_role=kv_consumer``
   never saves; ``kv_producer`` never looks up).
 
-One object = one block of one KV cache group on one rank: every layer of the group, each
-layer's block in its logical (K/V-first) order, concatenated. MLA models store one object per
-block shared by all TP ranks (tp rank = replicated), written by TP rank 0 only. At start the
-connector checks one object against the servers' advertised max value size and refuses to
+One object = one paged block of one KV cache group on one rank: every layer of the group,
+each layer's block in its logical (K/V-first) order, concatenated. MLA models store one object
+per block shared by all TP ranks (tp rank = replicated), written by TP rank 0 only. At start
+the connector checks one object against the servers' advertised max value size and refuses to
 start, naming ``--max-msg``, when it does not fit.
+
+Granularity follows vLLM's: hits, loads and saves go by vLLM's scheduler block
+(``resolve_kv_cache_block_sizes``: ``block_size x dcp``, or the LCM of the groups' blocks), and
+a group's paged block is keyed by the hash vLLM computed for the hash unit that ends it
+(``hash_block_size``: the scheduler block, or the groups' GCD / ``prefix_match_unit``), the
+hash that covers exactly the block's prefix. Under decode context parallelism each rank holds
+its share of a block's tokens in its physical block: its object carries its DCP rank (MLA: one
+object per DCP shard, written by TP rank = DCP rank), and a hit needs every rank's object.
+Prefill context parallelism (PCP > 1) is refused with a warning (no hits, no saves).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -81,12 +91,16 @@ _NULL_BLOCK = 0  # vLLM's block pool reserves block 0 as the null block
 
 @dataclass
 class _Transfer:
-    """Blocks of one request to load or save: block i has hash ``hashes[i]`` and, in KV
-    cache group g, the paged block id ``block_ids[g][i]``."""
+    """Objects of one request to load or save, for its hit units ``[first, first + n_units)``
+    (a unit is vLLM's scheduler block: ``sched_tokens`` tokens, whole blocks of every KV
+    cache group). ``items`` holds one ``(block hash, group, paged block id, unit)`` per paged
+    block: the hash is the one vLLM computed at the block's last hash unit, so a block is
+    keyed by exactly the prefix it holds whatever granularity vLLM hashed at."""
 
     req_id: str
-    hashes: List[bytes]
-    block_ids: List[List[int]]
+    first: int
+    n_units: int
+    items: List[Tuple[bytes, int, int, int]]
 
 
 @dataclass
@@ -113,15 +127,15 @@ class DfkvWorkerMetadata(KVConnectorWorkerMetadata):
 class _ReqState:
     request: Any
     block_ids: List[List[int]]
-    saved: int  # blocks [0, saved) are in dfkv (hit or saved)
+    saved: int  # units [0, saved) are in dfkv (hit or saved)
     n_prompt: int
 
 
 @dataclass
 class _Lookup:
-    start: int                      # first block looked up (the local prefix)
+    start: int                      # first unit looked up (the local prefix)
     fut: Optional[Future] = None    # in flight
-    hits: Optional[int] = None      # leading blocks every rank holds, when done
+    hits: Optional[int] = None      # leading units every rank holds, when done
 
 
 class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
@@ -158,31 +172,53 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             int(groups[0].kv_cache_spec.block_size) if groups else 16)
         self.num_blocks = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
         self.groups: List[Tuple[List[str], Any]] = [(list(g.layer_names), g.kv_cache_spec) for g in groups]
-        self.enabled = bool(groups) and all(
-            int(getattr(spec, "block_size", self.block_size)) == self.block_size for _, spec in self.groups)
-        if groups and not self.enabled:
-            logger.warning("dfkv vLLM connector: KV cache groups with different block sizes are not "
-                           "supported; the connector reports no hits and saves nothing")
-        self.hash_block_size = self.sched_block_size = self.block_size
+        # Decode context parallelism: a dcp-sharded group's paged block spans
+        # block_size x dcp tokens, of which each DCP rank holds its own share (interleaved
+        # by cp_kv_cache_interleave_size) in its physical block of the same id.
+        self.dcp_size = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
+        self.pcp_size = int(getattr(pc, "prefill_context_parallel_size", 1) or 1)
+        self.cp_interleave = int(getattr(pc, "cp_kv_cache_interleave_size", 1) or 1)
+        self.group_dcp = [self.dcp_size if getattr(spec, "dcp_sharded", False) else 1
+                          for _, spec in self.groups]
+        self.group_tokens = [int(getattr(spec, "block_size", self.block_size)) * d
+                             for (_, spec), d in zip(self.groups, self.group_dcp)]
+        # vLLM's scheduler block (hits and computed tokens align to it: every group's blocks
+        # whole) and the unit it hashed request.block_hashes at (block_size x dcp; the GCD
+        # of the groups' blocks or cache_config.prefix_match_unit with several groups).
+        self.sched_tokens = self.hash_tokens = math.lcm(*self.group_tokens) if groups else self.block_size
         if groups:
             try:
                 from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 
-                self.sched_block_size, self.hash_block_size = resolve_kv_cache_block_sizes(
+                self.sched_tokens, self.hash_tokens = resolve_kv_cache_block_sizes(
                     kv_cache_config, vllm_config)
             except Exception as e:  # an invalid config is vLLM's to report
-                logger.debug("dfkv: cannot resolve vLLM's hash block size: %s", e)
-        if self.enabled and (self.hash_block_size != self.block_size or self.sched_block_size != self.block_size):
-            # vLLM hashes (and aligns hits to) a unit other than one paged block here (decode
-            # context parallelism: block_size x dcp; a prefix_match_unit): objects keyed per
-            # block would pair hashes with the wrong blocks. Off, loudly, until supported.
+                logger.debug("dfkv: cannot resolve vLLM's scheduler/hash block sizes: %s", e)
+            # what the engine core resolved and handed every process, when present
+            self.hash_tokens = int(getattr(kv_cache_config, "hash_block_size", None) or self.hash_tokens)
+        self.enabled = bool(groups)
+        if self.enabled and self.pcp_size > 1:
+            # vLLM 0.33's scheduler runs with pcp_world_size=1 and its DCP group spans the
+            # PCP axis then; which rank holds which tokens is not derivable here.
             self.enabled = False
-            logger.warning("dfkv vLLM connector: vLLM hashes blocks of %d tokens and schedules "
-                           "blocks of %d, the paged block is %d (decode context parallelism or "
-                           "prefix_match_unit); this layout is not supported yet, so the connector "
-                           "reports no hits and saves nothing", self.hash_block_size,
-                           self.sched_block_size, self.block_size)
+            logger.warning("dfkv vLLM connector: prefill context parallelism "
+                           "(prefill_context_parallel_size=%d) is not supported; the connector "
+                           "reports no hits and saves nothing", self.pcp_size)
+        bad = [(g, t) for g, t in enumerate(self.group_tokens)
+               if t % self.hash_tokens or self.sched_tokens % t]
+        if self.enabled and bad:
+            # e.g. a Mamba group outside cache mode "align": vLLM then hashes at the scheduler
+            # block, coarser than another group's block, and no hash names that block.
+            self.enabled = False
+            logger.warning("dfkv vLLM connector: vLLM hashes units of %d tokens and schedules "
+                           "blocks of %d; KV cache group(s) %s have blocks of %s tokens, which "
+                           "no hash unit ends; the connector reports no hits and saves nothing",
+                           self.hash_tokens, self.sched_tokens, [g for g, _ in bad],
+                           [t for _, t in bad])
         desc = {
+            # a worker's UniformTypeKVCacheSpecs is described by its first layer's spec, as
+            # vLLM hands the scheduler (generate_scheduler_kv_cache_config): both sides must
+            # derive the same namespace
             "groups": [{"layers": len(names), "spec": type(spec).__name__,
                         "block_size": getattr(spec, "block_size", None),
                         "heads": getattr(spec, "num_kv_heads", None),
@@ -191,16 +227,22 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                         "dtype": dtype_name(getattr(spec, "dtype", None)),
                         "page_bytes": getattr(spec, "page_size_bytes", None),
                         "window": getattr(spec, "sliding_window", None)}
-                       for names, spec in self.groups],
+                       for names, spec in ((n, getattr(sp, "first_spec", sp)) for n, sp in self.groups)],
             "mla": self.use_mla,
+            "group_tokens": self.group_tokens,
+            "hash_tokens": self.hash_tokens,
+            "sched_tokens": self.sched_tokens,
+            "dcp_interleave": self.cp_interleave if self.dcp_size > 1 else 1,
         }
-        first_dtype = getattr(self.groups[0][1], "dtype", None) if self.groups else None
+        first = getattr(self.groups[0][1], "first_spec", self.groups[0][1]) if self.groups else None
+        first_dtype = getattr(first, "dtype", None)
         ns = build_namespace(
             tenant=self.cfg.tenant, model=model, revision=revision, layout=LAYOUT_ID,
             dtype=dtype_name(first_dtype), fingerprint=fingerprint(desc),
-            page_tokens=max(1, self.block_size), page_bytes=0,
-            geometry={"groups": len(self.groups)},
-            tp=1 if self.use_mla else self.tp_size, pp=self.pp_size)
+            page_tokens=max(1, self.sched_tokens), page_bytes=0,
+            geometry={"groups": len(self.groups), "hash_tokens": self.hash_tokens,
+                      "dcp_interleave": self.cp_interleave if self.dcp_size > 1 else 1},
+            tp=1 if self.use_mla else self.tp_size, dcp=self.dcp_size, pp=self.pp_size)
         self._client = LazyClient(self.cfg, ns, name=f"vllm[{role.name.lower()}]")
 
         # scheduler-side state
@@ -221,32 +263,80 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self._load_jobs: Dict[str, Future] = {}
         self._loaded: Dict[str, int] = {}
         self._mu = threading.Lock()
-        self.tp_rank, self.pp_rank = self._ranks(extra)
+        self.tp_rank, self.pp_rank, self.dcp_rank = self._ranks(extra)
 
     # -- identity ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _ranks(extra: Dict[str, Any]) -> Tuple[int, int]:
-        """This worker's tp/pp ranks from vLLM's process groups. ``tp_rank``/``pp_rank`` in the
-        extra config count only where the groups do not exist (the scheduler process, or a
-        test without torch.distributed); they never override a real group."""
+    def _ranks(self, extra: Dict[str, Any]) -> Tuple[int, int, int]:
+        """This worker's tp/pp/dcp ranks from vLLM's process groups. ``tp_rank``/``pp_rank`` in
+        the extra config count only where the groups do not exist (the scheduler process, or
+        a test without torch.distributed); they never override a real group. Without a DCP
+        group the DCP rank is vLLM's own relation for DCP over TP ranks: tp_rank % dcp."""
         try:
             from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
-            return int(get_tp_group().rank_in_group), int(get_pp_group().rank_in_group)
+            tp, pp = int(get_tp_group().rank_in_group), int(get_pp_group().rank_in_group)
         except Exception:  # groups not initialised
-            return int(extra.get("tp_rank") or 0), int(extra.get("pp_rank") or 0)
+            tp, pp = int(extra.get("tp_rank") or 0), int(extra.get("pp_rank") or 0)
+        dcp = tp % self.dcp_size
+        if self.dcp_size > 1:
+            try:
+                from vllm.distributed.parallel_state import get_dcp_group
 
-    def _key(self, h: bytes, group: int, tp_rank: int, pp_rank: int) -> bytes:
+                dcp = int(get_dcp_group().rank_in_group)
+            except Exception:  # group not initialised
+                pass
+        return tp, pp, dcp
+
+    def _key(self, h: bytes, group: int, tp_rank: int, pp_rank: int, dcp_rank: int = 0) -> bytes:
+        """The object of one paged block of a group on one rank. Under DCP a dcp-sharded
+        group's block differs per DCP rank (each holds its share of the block's tokens), so
+        the DCP coordinate is part of the key; MLA's latent is the same on every TP rank of
+        one DCP rank, so TP stays replicated."""
+        sharded = group < len(self.group_dcp) and self.group_dcp[group] > 1
         return identity.encode_object_key(
             pool="kv", page_hash=page_hash_bytes(h), component="latent" if self.use_mla else "kv",
             tp=(1, identity.REPLICATED) if self.use_mla else (self.tp_size, tp_rank),
+            dcp=(self.dcp_size, dcp_rank) if sharded else (1, 0),
             pp=(self.pp_size, pp_rank), cache_group=group)
 
-    def _all_rank_keys(self, h: bytes) -> List[bytes]:
-        tps = [0] if self.use_mla else range(self.tp_size)
-        return [self._key(h, g, t, p) for t in tps for p in range(self.pp_size)
-                for g in range(len(self.groups))]
+    def _rank_coords(self, group: int) -> List[Tuple[int, int, int]]:
+        """(tp, pp, dcp) of every rank holding distinct bytes of a group's block: what a hit
+        needs present. DCP reuses the TP ranks (dcp rank = tp rank % dcp); MLA ranks of one
+        DCP rank hold the same latent, stored once."""
+        d = self.group_dcp[group] if group < len(self.group_dcp) else 1
+        if self.use_mla:
+            pairs = [(r, r) for r in range(d)]  # the writer of DCP shard r is TP rank r
+        else:
+            pairs = [(t, t % d) for t in range(self.tp_size)]
+        return [(t, p, r) for t, r in pairs for p in range(self.pp_size)]
+
+    def _writes(self, group: int) -> bool:
+        """Whether this rank stores its objects of a group (MLA: one writer per shard)."""
+        if not self.use_mla:
+            return True
+        d = self.group_dcp[group] if group < len(self.group_dcp) else 1
+        return self.tp_rank == (self.dcp_rank if d > 1 else 0)
+
+    def _plan(self, request: Any, block_ids: Sequence[Sequence[int]], a: int, b: int,
+              rid: Optional[str] = None) -> _Transfer:
+        """The transfer of units [a, b): every group's paged blocks in them, each paired with
+        the hash vLLM computed at the block's last hash unit (the hash chains over the whole
+        prefix, as vLLM's BlockHashListWithBlockSize uses it)."""
+        hashes = request.block_hashes
+        items = []
+        for g, gt in enumerate(self.group_tokens):
+            per = self.sched_tokens // gt
+            ids = block_ids[g] if g < len(block_ids) else ()
+            for i in range(a * per, min(b * per, len(ids))):
+                hi = (i + 1) * gt // self.hash_tokens - 1
+                if hi < len(hashes):
+                    items.append((bytes(hashes[hi]), g, int(ids[i]), i // per))
+        return _Transfer(rid or request.request_id, a, b - a, items)
+
+    def _units_available(self, request: Any, n_tokens: int) -> int:
+        """Whole units of the first n_tokens that vLLM has hashes for."""
+        return min(n_tokens, len(request.block_hashes) * self.hash_tokens) // self.sched_tokens
 
     # ==============================
     # Scheduler side
@@ -254,10 +344,6 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         self._kv_cache_manager = kv_cache_manager
-
-    def _hashes(self, request: Any) -> List[Any]:
-        n_prompt = len(request.prompt_token_ids or [])
-        return list(request.block_hashes)[: max(0, n_prompt - 1) // self.block_size]  # keep >= 1 token to compute
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         return safe_call("vLLM lookup", (0, False), self._lookup, request, num_computed_tokens)
@@ -267,10 +353,11 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self._requests[rid] = request
         if not self.enabled or not self.can_load:
             return 0, False
-        bs = self.block_size
-        hashes = self._hashes(request)
-        start = num_computed_tokens // bs
-        if start >= len(hashes):
+        S = self.sched_tokens
+        # keep >= 1 prompt token to compute
+        n_units = self._units_available(request, max(0, len(request.prompt_token_ids or []) - 1))
+        start = num_computed_tokens // S
+        if start >= n_units:
             return 0, False
         lk = self._lookups.get(rid)
         if lk is None or lk.start != start:
@@ -278,7 +365,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                 return 0, False
             if self._lookup_pool is None:
                 self._lookup_pool = ThreadPoolExecutor(1, thread_name_prefix="dfkv-lookup")
-            keys = [[k for k in self._all_rank_keys(h)] for h in hashes[start:]]
+            keys = self._lookup_keys(request, start, n_units)
             lk = _Lookup(start, fut=self._lookup_pool.submit(self._leased_lookup, keys))
             self._lookups[rid] = lk
         if lk.hits is None:
@@ -291,8 +378,23 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                 self._lookups_paused_until = time.monotonic() + self.lookup_cooldown_s
                 logger.warning("dfkv lookup failed; lookups answer 0 for %.1f s: %s: %s",
                                self.lookup_cooldown_s, type(e).__name__, e)
-        tokens = (start + lk.hits) * bs - num_computed_tokens
+        tokens = (start + lk.hits) * S - num_computed_tokens
         return (tokens, True) if tokens > 0 else (0, False)
+
+    def _lookup_keys(self, request: Any, start: int, end: int) -> List[List[bytes]]:
+        """Per unit in [start, end): the keys of every group's blocks on every rank."""
+        hashes = request.block_hashes
+        out = []
+        for u in range(start, end):
+            keys = []
+            for g, gt in enumerate(self.group_tokens):
+                per = self.sched_tokens // gt
+                coords = self._rank_coords(g)
+                for i in range(u * per, (u + 1) * per):
+                    h = bytes(hashes[(i + 1) * gt // self.hash_tokens - 1])
+                    keys.extend(self._key(h, g, t, p, r) for t, p, r in coords)
+            out.append(keys)
+        return out
 
     def _leased_lookup(self, keys: List[List[bytes]]) -> int:
         c = self._client.get()
@@ -314,13 +416,12 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         if num_external_tokens <= 0 or lk is None or not lk.hits:
             return
         start = lk.start
-        n = min(lk.hits, num_external_tokens // self.block_size)
+        n = min(lk.hits, num_external_tokens // self.sched_tokens)
         if n <= 0:
             return
         ids = blocks.get_block_ids()
-        hashes = [bytes(h) for h in list(request.block_hashes)[start:start + n]]
-        self._pending_loads.append(_Transfer(rid, hashes, [list(g[start:start + n]) for g in ids]))
-        self._load_start[rid] = start * self.block_size
+        self._pending_loads.append(self._plan(request, ids, start, start + n))
+        self._load_start[rid] = start * self.sched_tokens
         st = self._reqs.get(rid)
         if st is not None:
             st.saved = max(st.saved, start + n)
@@ -345,7 +446,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             base = self._load_start.pop(rid, None)
             if req is None or base is None:
                 continue
-            good = base + ok_blocks * self.block_size
+            good = base + ok_blocks * self.sched_tokens
             if good >= req.num_computed_tokens:
                 continue
             logger.info("dfkv: request %s loaded %d of %d tokens; vLLM recomputes the rest",
@@ -353,7 +454,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             req.num_computed_tokens = good
             st = self._reqs.get(rid)
             if st is not None:
-                st.saved = min(st.saved, good // self.block_size)
+                st.saved = min(st.saved, good // self.sched_tokens)
             if good == 0 and self._kv_cache_manager is not None:
                 # Nothing usable: release the blocks as vLLM does for a failed load with no
                 # valid prefix, so that the retry starts from a fresh prefix lookup.
@@ -393,13 +494,15 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             self._plan_save(rid, st, cached.num_computed_tokens[i] + int(sched.get(rid, 0)), meta)
 
     def _plan_save(self, rid: str, st: _ReqState, computed_after: int, meta: DfkvConnectorMetadata) -> None:
-        hashes = list(st.request.block_hashes)
-        full = min(computed_after, st.n_prompt) // self.block_size
-        full = min(full, len(hashes), *(len(g) for g in st.block_ids)) if st.block_ids else 0
+        full = self._units_available(st.request, min(computed_after, st.n_prompt))
+        if st.block_ids:
+            full = min(full, *(len(ids) * gt // self.sched_tokens
+                               for ids, gt in zip(st.block_ids, self.group_tokens)))
+        else:
+            full = 0
         if full <= st.saved:
             return
-        a, b = st.saved, full
-        meta.saves.append(_Transfer(rid, [bytes(h) for h in hashes[a:b]], [g[a:b] for g in st.block_ids]))
+        meta.saves.append(self._plan(st.request, st.block_ids, st.saved, full, rid))
         st.saved = full
 
     def request_finished(self, request: Any, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
@@ -444,8 +547,8 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         """Refuse to start when one block object exceeds what the servers accept: every PUT
         would fail, silently, for the life of the engine."""
         check_object_size(self._client, max(self._obj_bytes or [0]),
-                          f"dfkv vLLM connector: one KV block object ({self.block_size} tokens x "
-                          "every layer of a KV cache group on this rank)", "use a smaller --block-size")
+                          "dfkv vLLM connector: one KV block object (one paged block of every layer of "
+                          "a KV cache group on this rank)", "use a smaller --block-size")
 
     def _as_blocks(self, name: str, t: torch.Tensor) -> Tuple[torch.Tensor, int]:
         """A view of a layer's KV tensor with one dimension of ``num_blocks`` blocks, and that
@@ -510,14 +613,11 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             off += lb
 
     def _units(self, x: _Transfer) -> List[Tuple[bytes, int, int, int]]:
-        """(dfkv key, group, block id, block index) per object of this rank, skipping null
-        blocks."""
+        """(dfkv key, group, block id, unit) per object of this rank, skipping null blocks."""
         out = []
-        for i, h in enumerate(x.hashes):
-            for g in range(min(len(x.block_ids), len(self._layers))):
-                bid = x.block_ids[g][i] if i < len(x.block_ids[g]) else _NULL_BLOCK
-                if bid != _NULL_BLOCK and self._obj_bytes[g] > 0:
-                    out.append((self._key(h, g, self.tp_rank, self.pp_rank), g, bid, i))
+        for h, g, bid, u in x.items:
+            if g < len(self._layers) and bid != _NULL_BLOCK and self._obj_bytes[g] > 0:
+                out.append((self._key(h, g, self.tp_rank, self.pp_rank, self.dcp_rank), g, bid, u))
         return out
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
@@ -537,7 +637,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         c = self._client.get()
         if c is None:
             return 0
-        ok = [True] * len(x.hashes)
+        ok = [True] * x.n_units
         buf = self._host_buf("load")
         for s in range(0, len(units), self.staging_blocks):
             chunk = units[s:s + self.staging_blocks]
@@ -548,9 +648,9 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                 rows = [i for i, u in enumerate(chunk) if u[1] == g and hits[i]]
                 if rows:
                     self._scatter(g, [chunk[i][2] for i in rows], buf[rows, : self._obj_bytes[g]])
-            for (_, _, _, bi), hit in zip(chunk, hits):
+            for (_, _, _, u), hit in zip(chunk, hits):
                 if not hit:
-                    ok[bi] = False
+                    ok[u - x.first] = False
         if torch.cuda.is_available() and any(t.is_cuda for g in self._layers for _, t, _, _ in g):
             # The scatter kernels run on this thread's stream: the request is reported done
             # (and its blocks read by a forward) only once they finished.
@@ -567,9 +667,9 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         if not self.can_save or not self.has_connector_metadata():
             return
         saves = getattr(self._get_connector_metadata(), "saves", None) or []
-        if not saves or (self.use_mla and self.tp_rank != 0):
-            return
-        safe_call("vLLM save", None, self._save_units, [u for x in saves for u in self._units(x)])
+        units = [u for x in saves for u in self._units(x) if self._writes(u[1])]
+        if units:
+            safe_call("vLLM save", None, self._save_units, units)
 
     def _save_units(self, units: List[Tuple[bytes, int, int, int]]) -> None:
         c = self._client.get()

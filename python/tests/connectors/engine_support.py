@@ -310,7 +310,7 @@ def vllm_connectors(members: str, tenant: str, **extra: Any):
     return sched, worker, caches
 
 
-def vllm_request(req_id: str, tokens: list):
+def vllm_request(req_id: str, tokens: list, hash_tokens: int = VLLM_BLOCK):
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -318,7 +318,7 @@ def vllm_request(req_id: str, tokens: list):
 
     init_none_hash(sha256_cbor)
     return Request(request_id=req_id, prompt_token_ids=list(tokens), sampling_params=SamplingParams(max_tokens=1),
-                   pooling_params=None, block_hasher=get_request_block_hasher(VLLM_BLOCK, sha256_cbor))
+                   pooling_params=None, block_hasher=get_request_block_hasher(hash_tokens, sha256_cbor))
 
 
 def vllm_blocks(ids: list):
@@ -406,30 +406,43 @@ class NoModelConfig:
         return None
 
 
-def block_pattern(block_hash: bytes, layer: int, shape: Any) -> Any:
-    """The KV a block "computes" to in the fake forward: a pure function of its block hash
-    and layer, so a loaded block can be checked byte for byte."""
+def block_pattern(block_hash: bytes, layer: int, shape: Any, shard: int = 0) -> Any:
+    """The KV a block "computes" to in the fake forward: a pure function of its block hash,
+    layer and the rank's shard (what that rank holds of the block), so a loaded block can be
+    checked byte for byte, per rank."""
     import hashlib
 
     import torch
 
-    seed = int.from_bytes(hashlib.sha256(bytes(block_hash) + bytes([layer])).digest()[:8], "little") >> 1
+    seed = int.from_bytes(hashlib.sha256(bytes(block_hash) + bytes([layer, shard])).digest()[:8], "little") >> 1
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g).to(torch.bfloat16)
 
 
 class VllmEngine:
     """vLLM's real ``Scheduler`` (built from a VllmConfig with the dfkv connector, CPU, no
-    model) plus a worker-side connector over CPU paged KV tensors, stepped like vLLM's engine
-    core: schedule -> worker (bind metadata, start loads, fake forward that writes each
-    computed block's pattern, save, transfer results) -> update_from_output."""
+    model) plus one worker-side connector per simulated rank over CPU paged KV tensors,
+    stepped like vLLM's engine core: schedule -> every worker (bind metadata, start loads, fake
+    forward that writes each computed block's pattern, save, transfer results) -> vLLM's own
+    ``KVOutputAggregator`` -> update_from_output.
+
+    ``block_sizes`` gives each KV cache group's block size (groups > 1: one group per layer);
+    ``dcp`` sets decode context parallelism and ``tp`` the TP ranks simulated (each a worker
+    connector with its own KV tensors; without torch.distributed groups the connector takes
+    its TP rank from the extra config and its DCP rank as vLLM relates them, tp % dcp). The
+    scheduler and hash block sizes come from vLLM's ``resolve_kv_cache_block_sizes`` and the
+    requests are hashed at the hash size, as vLLM's engine core does."""
 
     def __init__(self, members: str, tenant: str, groups: int = 1, policy: Optional[str] = None,
-                 prefix_match_unit: Optional[int] = None, kv_role: str = "kv_both", **extra: Any):
+                 prefix_match_unit: Optional[int] = None, kv_role: str = "kv_both",
+                 block_sizes: Optional[list] = None, dcp: int = 1, tp: int = 1, pcp: int = 1,
+                 **extra: Any):
         import torch
         from vllm.config import DeviceConfig, KVTransferConfig, VllmConfig
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.structured_output import StructuredOutputManager
@@ -441,28 +454,58 @@ class VllmEngine:
                                                           "model": "dfkv-test/tiny-model", **extra})
         cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), kv_transfer_config=ktc)
         object.__setattr__(cfg, "model_config", NoModelConfig())
-        cfg.cache_config.block_size = VLLM_BLOCK
+        # the parallel sizes vLLM would have validated (tp % dcp == 0), set after construction
+        # because a CPU VllmConfig with tp > 1 wants a distributed backend
+        cfg.parallel_config.tensor_parallel_size = tp
+        cfg.parallel_config.decode_context_parallel_size = dcp
+        cfg.parallel_config.prefill_context_parallel_size = pcp
+        cfg.cache_config.block_size = min(block_sizes or [VLLM_BLOCK])
         cfg.cache_config.num_gpu_blocks = VLLM_NUM_BLOCKS
         if prefix_match_unit is not None:
             cfg.cache_config.prefix_match_unit = prefix_match_unit
-        spec = FullAttentionSpec(block_size=VLLM_BLOCK, num_kv_heads=VLLM_HEADS, head_size=VLLM_HEAD,
-                                 dtype=torch.bfloat16)
         # groups > 1: the hybrid (HMA) case, one group per layer
         names = [VLLM_LAYERS] if groups == 1 else [[n] for n in VLLM_LAYERS[:groups]]
+        sizes = list(block_sizes or [VLLM_BLOCK] * len(names))
+        specs = [FullAttentionSpec(block_size=b, num_kv_heads=VLLM_HEADS, head_size=VLLM_HEAD,
+                                   dtype=torch.bfloat16) for b in sizes]
         self.kvc = KVCacheConfig(num_blocks=VLLM_NUM_BLOCKS, kv_cache_tensors=[],
-                                 kv_cache_groups=[KVCacheGroupSpec(layer_names=list(n), kv_cache_spec=spec)
-                                                  for n in names])
+                                 kv_cache_groups=[KVCacheGroupSpec(layer_names=list(n), kv_cache_spec=sp)
+                                                  for n, sp in zip(names, specs)])
+        # as vLLM's engine core: resolve the scheduler and hash block sizes, hand both to the
+        # Scheduler and the hash size to every process through the KVCacheConfig
+        self.sched_bs, self.hash_bs = resolve_kv_cache_block_sizes(self.kvc, cfg)
+        self.kvc.hash_block_size = self.hash_bs
         self.sched = Scheduler(vllm_config=cfg, kv_cache_config=self.kvc,
                                structured_output_manager=StructuredOutputManager(cfg),
-                               block_size=VLLM_BLOCK, log_stats=False)
-        self.worker = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, self.kvc)
+                               block_size=self.sched_bs, hash_block_size=self.hash_bs, log_stats=False)
+        self.workers = []
+        for r in range(tp):
+            ktc.kv_connector_extra_config["tp_rank"] = r
+            self.workers.append(KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, self.kvc))
+        self.worker = self.workers[0]
+        self.mla = bool(self.worker.use_mla)
+        self.aggregator = KVOutputAggregator.from_connector(self.worker, len(self.workers))
         self.layer_group = {n: g for g, grp in enumerate(self.kvc.kv_cache_groups) for n in grp.layer_names}
-        self.caches = {n: torch.zeros(2, VLLM_NUM_BLOCKS, VLLM_BLOCK, VLLM_HEADS, VLLM_HEAD, dtype=torch.bfloat16)
-                       for n in self.layer_group}
-        self.worker.register_kv_caches(self.caches)
+        # a group's paged block spans block_size x dcp tokens (each rank holds its share)
+        self.group_tokens = [sp.block_size * dcp for sp in specs]
+        self.rank_caches = [{n: torch.zeros(2, VLLM_NUM_BLOCKS, sizes[g], VLLM_HEADS, VLLM_HEAD, dtype=torch.bfloat16)
+                             for n, g in self.layer_group.items()} for _ in self.workers]
+        self.caches = self.rank_caches[0]
+        for w, c in zip(self.workers, self.rank_caches):
+            w.register_kv_caches(c)
         self.computed_by_forward: Dict[str, int] = {}  # request -> tokens the fake forward computed
         self.first_forward: Dict[str, Any] = {}  # request -> (tokens computed before, loaded blocks intact)
         self.finished: Dict[str, Any] = {}
+
+    def request(self, req_id: str, tokens: list) -> Any:
+        """A request hashed at this engine's hash block size."""
+        return vllm_request(req_id, tokens, self.hash_bs)
+
+    def shard(self, rank: int) -> int:
+        """Which distinct bytes rank holds: MLA's latent is the same on the TP ranks of one
+        DCP rank; otherwise every TP rank holds its own heads."""
+        w = self.workers[rank]
+        return w.dcp_rank if self.mla else rank
 
     def add(self, req: Any) -> None:
         self.sched.add_request(req)
@@ -471,44 +514,58 @@ class VllmEngine:
         from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
         so = self.sched.schedule()
-        w = self.worker
-        w.bind_connector_metadata(so.kv_connector_metadata)
-        w.start_load_kv(None)
+        for w in self.workers:
+            w.bind_connector_metadata(so.kv_connector_metadata)
+            w.start_load_kv(None)
         sampled = {}
         for rid, n in so.num_scheduled_tokens.items():
             req = self.sched.requests[rid]
             before = req.num_computed_tokens - n  # schedule() already counted this step
             if rid not in self.first_forward:
-                self.first_forward[rid] = (before, all(self.block_ok(rid, req, b) for b in range(before // VLLM_BLOCK)))
+                self.first_forward[rid] = (before, all(self.block_ok(rid, req, u)
+                                                       for u in range(before // self.sched_bs)))
             self._forward(req, before, before + n)
             self.computed_by_forward[rid] = self.computed_by_forward.get(rid, 0) + n
             sampled[rid] = [7] if before + n >= req.num_tokens else []
-        w.wait_for_save()
-        tr = w.get_transfer_results(so.finished_req_ids)
-        out = KVConnectorOutput(finished_sending=tr.finished_sending or None,
-                                finished_recving=tr.finished_recving or None,
-                                failed_recving=tr.failed_recving,
-                                invalid_block_ids=w.get_block_ids_with_load_errors(),
-                                kv_connector_worker_meta=w.build_connector_worker_meta())
-        w.clear_connector_metadata()
         rids = list(so.num_scheduled_tokens)
-        mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
-                                sampled_token_ids=[sampled[r] for r in rids], kv_connector_output=out)
-        res = self.sched.update_from_output(so, mro)
+        outs = []
+        for w in self.workers:
+            w.wait_for_save()
+            tr = w.get_transfer_results(so.finished_req_ids)
+            out = KVConnectorOutput(finished_sending=tr.finished_sending or None,
+                                    finished_recving=tr.finished_recving or None,
+                                    failed_recving=tr.failed_recving,
+                                    invalid_block_ids=w.get_block_ids_with_load_errors(),
+                                    kv_connector_worker_meta=w.build_connector_worker_meta())
+            w.clear_connector_metadata()
+            outs.append(ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
+                                          sampled_token_ids=[sampled[r] for r in rids], kv_connector_output=out))
+        res = self.sched.update_from_output(so, self.aggregator.aggregate(outs))
         for eco in res.values():
             for o in eco.outputs:
                 if o.finish_reason is not None:
                     self.finished[o.request_id] = o
         return so
 
-    def _forward(self, req: Any, lo: int, hi: int) -> None:
-        """Write the pattern of every block whose tokens [lo, hi) complete."""
+    def _blocks(self, req: Any, lo: int, hi: int):
+        """(rank, layer index, tensor, block id, block hash) of every paged block whose tokens
+        end in (lo, hi]: group g's block i ends at (i + 1) x its span, and vLLM names it by
+        the hash of the hash unit ending there."""
         ids = self.sched.kv_cache_manager.get_block_ids(req.request_id)
         hashes = list(req.block_hashes)
-        for b in range(lo // VLLM_BLOCK, min(hi // VLLM_BLOCK, len(hashes))):
-            for li, (n, t) in enumerate(self.caches.items()):
-                bid = ids[self.layer_group[n]][b]
-                t[:, bid] = block_pattern(bytes(hashes[b]), li, t[:, bid].shape)
+        for r, caches in enumerate(self.rank_caches):
+            for li, (n, t) in enumerate(caches.items()):
+                g = self.layer_group[n]
+                gt = self.group_tokens[g]
+                for i in range(lo // gt, hi // gt):
+                    hi_idx = (i + 1) * gt // self.hash_bs - 1
+                    if hi_idx < len(hashes) and i < len(ids[g]):
+                        yield r, li, t, ids[g][i], bytes(hashes[hi_idx])
+
+    def _forward(self, req: Any, lo: int, hi: int) -> None:
+        """Write the pattern of every block (on every rank) whose tokens [lo, hi) complete."""
+        for r, li, t, bid, h in self._blocks(req, lo, hi):
+            t[:, bid] = block_pattern(h, li, t[:, bid].shape, self.shard(r))
 
     def settle(self) -> None:
         """Wait (bounded) for the connector's in-flight lookups and loads: the events the
@@ -516,8 +573,9 @@ class VllmEngine:
         for lk in list(self.sched.connector._lookups.values()):
             if lk.fut is not None:
                 lk.fut.result(timeout=60)
-        for f in list(self.worker._load_jobs.values()):
-            f.result(timeout=60)
+        for w in self.workers:
+            for f in list(w._load_jobs.values()):
+                f.result(timeout=60)
 
     def run(self, req_ids: list, max_steps: int = 50) -> int:
         """Step until every request finished; returns the steps taken (bounded)."""
@@ -528,14 +586,15 @@ class VllmEngine:
             self.settle()
         raise AssertionError(f"requests {req_ids} not finished in {max_steps} steps: {self.finished}")
 
-    def block_ok(self, req_id: str, req: Any, b: int) -> bool:
-        """Whether block b of a request holds its pattern in every layer."""
-        ids = self.sched.kv_cache_manager.get_block_ids(req_id)
-        for li, (n, t) in enumerate(self.caches.items()):
-            bid = ids[self.layer_group[n]][b]
-            if not torch_equal(t[:, bid], block_pattern(bytes(req.block_hashes[b]), li, t[:, bid].shape)):
+    def block_ok(self, req_id: str, req: Any, u: int) -> bool:
+        """Whether scheduler block u of a request holds its pattern in every group's blocks,
+        every layer, on every rank (each rank its own shard's bytes)."""
+        n = 0
+        for r, li, t, bid, h in self._blocks(req, u * self.sched_bs, (u + 1) * self.sched_bs):
+            n += 1
+            if not torch_equal(t[:, bid], block_pattern(h, li, t[:, bid].shape, self.shard(r))):
                 return False
-        return True
+        return n > 0
 
 
 def torch_equal(a: Any, b: Any) -> bool:

@@ -55,7 +55,7 @@ def _prefill_and_save(members, tenant, block_ids, seed=1):
     assert vllm_match(sched, req, 0) == (0, False)
     sched.update_state_after_alloc(req, vllm_blocks(block_ids), 0)
     meta = vllm_step(sched, worker, [req], {"writer": block_ids})
-    assert [len(x.hashes) for x in meta.saves] == [3] and not meta.loads
+    assert [x.n_units for x in meta.saves] == [3] and not meta.loads
     return sched, worker, caches
 
 
@@ -85,8 +85,8 @@ def test_prefix_hit_across_processes(members, tenant):
         sched.update_state_after_alloc(req, vllm_blocks(ids), n)
         req.num_computed_tokens = n
         meta = vllm_step(sched, worker, [req], {{"reader": ids}})
-        print(json.dumps({{"n": n, "async": is_async, "loads": [len(x.hashes) for x in meta.loads],
-                           "saves": [len(x.hashes) for x in meta.saves],
+        print(json.dumps({{"n": n, "async": is_async, "loads": [x.n_units for x in meta.loads],
+                           "saves": [x.n_units for x in meta.saves],
                            "loaded": worker.loaded_last,
                            "digest": block_digest(caches, ids[:3]),
                            "untouched": bool((caches[VLLM_LAYERS[0]][:, 12] == 0).all())}}))
