@@ -85,6 +85,9 @@ step "golden identity/ring vectors agree with the independent implementation"
 step "generated FlatBuffers code is fresh"
 tools/gen.sh --check
 
+step "generated ctypes declarations (python/dfkv/_abi.py) match dfkv.h"
+"$py" tools/gen_ctypes.py --check
+
 step "build"
 tools/build.sh
 export DFKV_BIN_DIR=$root/build DFKV_LIB=$root/build/libdfkv.so DFKV_SERVER=$root/build/dfkv_server
