@@ -75,9 +75,12 @@ def preprocess(src: str) -> Tuple[List[Tuple[int, str]], Dict[str, str]]:
             continue
         d = line[1:].split(None, 1)
         word, rest = (d[0], d[1].strip() if len(d) > 1 else "") if d else ("", "")
-        if word in ("ifdef", "ifndef"):
-            # `#ifdef __cplusplus` wraps the extern "C" lines; the include guard is `#ifndef`.
-            active.append(word == "ifndef" if rest != "__cplusplus" else False)
+        if word == "ifdef" and rest == "__cplusplus":
+            active.append(False)  # the extern "C" { ... } lines
+        elif word == "ifndef":
+            active.append(True)  # the include guard (any other use would need real evaluation)
+        elif word == "ifdef":
+            raise HeaderError(f"line {no}: #ifdef {rest}: only #ifdef __cplusplus is understood")
         elif word == "endif":
             if len(active) == 1:
                 raise HeaderError(f"line {no}: #endif without #if")
@@ -109,7 +112,10 @@ def int_expr(value: str, no: int) -> str:
     if "".join(t + s for t, s in tokens).replace(" ", "") != value.replace(" ", ""):
         raise HeaderError(f"line {no}: #define value {value!r} is not an integer expression")
     expr = " ".join(t for t, _ in tokens).replace("( ", "(").replace(" )", ")")
-    eval(compile(expr, "<define>", "eval"), {"__builtins__": {}})  # must evaluate
+    try:
+        eval(compile(expr, "<define>", "eval"), {"__builtins__": {}})  # tokens checked above
+    except (SyntaxError, TypeError, ValueError) as e:
+        raise HeaderError(f"line {no}: #define value {value!r}: {e}") from None
     return expr
 
 
