@@ -7,6 +7,6 @@ for f in $DFKV_LIBS; do case $f in *.so) DFKV_LIB=$(readlink -f "$f") ;; esac; d
 DFKV_SERVER=$(readlink -f "$DFKV_SERVER")
 export DFKV_LIB DFKV_SERVER PYTHONDONTWRITEBYTECODE=1
 [ -f "$DFKV_LIB" ] && [ -x "$DFKV_SERVER" ] || { echo "pytest.sh: missing $DFKV_LIB or $DFKV_SERVER"; exit 1; }
-python3 -c 'import pytest, numpy' || { echo "pytest.sh: python3 needs pytest and numpy"; exit 1; }
+python3 -c 'import pytest, numpy, flatbuffers' || { echo "pytest.sh: python3 needs pytest, numpy and flatbuffers"; exit 1; }
 cd python
 exec python3 -m pytest -q -p no:cacheprovider ${XML_OUTPUT_FILE:+--junitxml="$XML_OUTPUT_FILE"} tests

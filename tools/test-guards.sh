@@ -5,6 +5,8 @@
 #   - tools/pytest_skipguard.py: a skip not in the allow-list, an entry without a reason,
 #     an entry whose [ENV=value] condition does not hold
 #   - testdata/golden/gen_golden.py --check: an edited object id, ring owner, tenant hash
+#   - tools/gen_ctypes.py --check: an edited dfkv.h (new function, changed field type), an
+#     edited generated _abi.py, a header construct outside the generator's C subset
 #   - tools/build.sh: a missing command package
 #   - go/e2e TestMDSExternalEtcd: no etcd binary
 set -euo pipefail
@@ -89,6 +91,25 @@ expect fail "golden: edited ring owner" gold
 cp "$root/testdata/golden/identity.json" "$gd/identity.json"
 edit tenant_hash 0000000000000000
 expect fail "golden: edited tenant hash" gold
+
+# --- generated ctypes declarations (python/dfkv/_abi.py from dfkv.h) ----------------------
+c=$scratch/ctypes
+mkdir -p "$c"
+reset_abi() { cp "$root/go/cmd/libdfkv/dfkv.h" "$c/dfkv.h"; cp "$root/python/dfkv/_abi.py" "$c/_abi.py"; }
+abicheck() { "$py" "$root/tools/gen_ctypes.py" --check --header "$c/dfkv.h" --out "$c/_abi.py"; }
+reset_abi
+expect pass "gen_ctypes: checked-in _abi.py matches dfkv.h" abicheck
+sed -i 's|^uint64_t dfkv_max_value_size(dfkv_client_t c);|&\nint dfkv_guard_new(dfkv_client_t c, const void* p, uint64_t n);|' "$c/dfkv.h"
+want_out="is stale" expect fail "gen_ctypes: dfkv.h gained a function" abicheck
+reset_abi
+sed -i 's|^  int32_t mds_poll_ms; |  int64_t mds_poll_ms; |' "$c/dfkv.h"
+want_out="c_int64" expect fail "gen_ctypes: dfkv.h changed a field type" abicheck
+reset_abi
+sed -i 's|"dfkv_put": (c_int, \[c_void_p, c_void_p, c_uint64|"dfkv_put": (c_int, [c_void_p, c_char_p, c_uint64|' "$c/_abi.py"
+want_out="is stale" expect fail "gen_ctypes: hand-edited _abi.py" abicheck
+reset_abi
+sed -i 's|^  uint32_t reserved0; |  long reserved0; |' "$c/dfkv.h"
+want_out="outside the supported subset" expect fail "gen_ctypes: C outside the generator's subset" abicheck
 
 # --- build.sh ----------------------------------------------------------------------------
 b=$scratch/build

@@ -64,9 +64,9 @@ if ! command -v etcd >/dev/null; then
 fi
 command -v etcd >/dev/null || { echo "tools/test.sh: etcd is not on PATH after installing etcd-server"; exit 1; }
 py=${PYTHON:-python3}
-if ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
-  echo "installing Python test packages (pytest, numpy) with pip"
-  "$py" -m pip install -q pytest numpy
+if ! "$py" -c 'import pytest, numpy, flatbuffers' 2>/dev/null; then
+  echo "installing Python test packages (pytest, numpy, flatbuffers) with pip"
+  "$py" -m pip install -q pytest numpy flatbuffers
 fi
 
 step "the guards below fail when they should (scratch trees)"
@@ -84,6 +84,9 @@ step "golden identity/ring vectors agree with the independent implementation"
 
 step "generated FlatBuffers code is fresh"
 tools/gen.sh --check
+
+step "generated ctypes declarations (python/dfkv/_abi.py) match dfkv.h"
+"$py" tools/gen_ctypes.py --check
 
 step "build"
 tools/build.sh

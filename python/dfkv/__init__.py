@@ -7,6 +7,8 @@ import dfkv in a parent process and fork workers safely.
 * ``Client`` / ``DfkvError`` / ``RawBuffer`` / ``version`` — the ctypes binding (``dfkv.client``)
 * ``dfkv.identity`` — object ids, tenant hashes, structured namespace and object-key codec
 * ``dfkv.ring`` — the weighted Ketama ring shared with the Go client
+* ``dfkv.topology`` — the HLT1 topology from an MDS (import it explicitly; needs the
+  ``flatbuffers`` runtime, the ``topology`` extra)
 """
 
 from . import identity, ring

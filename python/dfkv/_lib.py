@@ -14,7 +14,9 @@ Search order (first hit wins; the error lists everything tried):
 2. ``dfkv/lib/libdfkv.so`` inside the installed package (where a platform wheel puts it).
 3. ``build/libdfkv.so`` in the source tree, found by walking up from the package directory.
 
-The prototypes mirror ``go/cmd/libdfkv/dfkv.h`` exactly; that header is the contract.
+The prototypes, the option struct and the constants come from ``_abi``, which
+tools/gen_ctypes.py generates from ``go/cmd/libdfkv/dfkv.h`` (the contract); tools/test.sh
+fails when it is stale.
 """
 
 from __future__ import annotations
@@ -22,20 +24,15 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from ctypes import (
-    POINTER,
-    c_char_p,
-    c_int,
-    c_int32,
-    c_uint32,
-    c_uint64,
-    c_void_p,
-)
 from pathlib import Path
 from typing import List, Optional
 
+from . import _abi
+from ._abi import ABI_VERSION, CLIENT_OPT_RDMA, CLIENT_OPT_REGISTER_WITH_MDS, ClientOptionsV2
+
 __all__ = [
     "ABI_VERSION",
+    "CLIENT_OPT_RDMA",
     "CLIENT_OPT_REGISTER_WITH_MDS",
     "ClientOptionsV2",
     "DfkvError",
@@ -47,8 +44,6 @@ __all__ = [
 ]
 
 LIB_NAME = "libdfkv.so"
-ABI_VERSION = 2
-CLIENT_OPT_REGISTER_WITH_MDS = 1 << 0
 
 
 class DfkvError(Exception):
@@ -57,69 +52,6 @@ class DfkvError(Exception):
     Cache misses and failed operations are never exceptions (None / False instead).
     """
 
-
-class ClientOptionsV2(ctypes.Structure):
-    """``dfkv_client_options_v2`` from dfkv.h, field for field (88 bytes on LP64)."""
-
-    _fields_ = [
-        ("struct_size", c_uint32),
-        ("abi_version", c_uint32),
-        ("members", c_char_p),
-        ("key_namespace", c_void_p),
-        ("key_namespace_len", c_uint64),
-        ("batch_concurrency", c_uint64),
-        ("mds_endpoints", c_char_p),
-        ("mds_group", c_char_p),
-        ("mds_poll_ms", c_int32),
-        ("flags", c_uint32),
-        ("client_id", c_char_p),
-        ("client_info", c_char_p),
-        ("client_heartbeat_ms", c_int32),
-        ("reserved0", c_uint32),
-    ]
-
-
-# The C layout on LP64: 4+4+8+8+8+8+8+8+4+4+8+8+4+4 = 88 with no padding. A mismatch would
-# make the library read garbage (or reject the struct), so fail at import, not at open.
-if ctypes.sizeof(c_void_p) == 8:
-    assert ctypes.sizeof(ClientOptionsV2) == 88, ctypes.sizeof(ClientOptionsV2)
-
-
-_VP = POINTER(c_void_p)
-_U64P = POINTER(c_uint64)
-_IP = POINTER(c_int)
-
-# name -> (restype, argtypes); every function in dfkv.h, in header order.
-_PROTOTYPES = {
-    "dfkv_open_v2": (c_void_p, [POINTER(ClientOptionsV2)]),
-    "dfkv_close": (None, [c_void_p]),
-    "dfkv_put": (c_int, [c_void_p, c_void_p, c_uint64, c_void_p, c_uint64]),
-    "dfkv_get": (c_int, [c_void_p, c_void_p, c_uint64, c_void_p, c_uint64]),
-    "dfkv_get_auto": (c_int, [c_void_p, c_void_p, c_uint64, c_void_p, c_uint64, _U64P]),
-    "dfkv_exist": (c_int, [c_void_p, c_void_p, c_uint64]),
-    "dfkv_remove": (c_int, [c_void_p, c_void_p, c_uint64]),
-    "dfkv_batch_put": (c_int, [c_void_p, _VP, _U64P, _VP, _U64P, c_int, _IP]),
-    "dfkv_batch_get": (c_int, [c_void_p, _VP, _U64P, _VP, _U64P, c_int, _IP]),
-    "dfkv_batch_get_auto": (c_int, [c_void_p, _VP, _U64P, _VP, _U64P, c_int, _IP, _U64P]),
-    "dfkv_batch_exist": (c_int, [c_void_p, _VP, _U64P, c_int, _IP]),
-    "dfkv_batch_remove": (c_int, [c_void_p, _VP, _U64P, c_int, _IP]),
-    "dfkv_batch_put_sg": (
-        c_int,
-        [c_void_p, _VP, _U64P, POINTER(_VP), POINTER(_U64P), POINTER(c_uint32), c_int, _IP],
-    ),
-    "dfkv_batch_get_auto_sg": (
-        c_int,
-        [c_void_p, _VP, _U64P, POINTER(_VP), POINTER(_U64P), POINTER(c_uint32), c_int, _IP, _U64P],
-    ),
-    "dfkv_max_sg_segs": (c_uint32, [c_void_p]),
-    "dfkv_register_memory": (c_int, [c_void_p, c_void_p, c_uint64]),
-    "dfkv_transport_mode": (c_char_p, [c_void_p]),
-    "dfkv_stats_snapshot": (c_uint64, [c_void_p, c_char_p, c_uint64]),
-    "dfkv_version": (c_char_p, []),
-    "dfkv_last_error": (c_char_p, [c_void_p]),
-    "dfkv_batch_exist_lease": (c_int, [c_void_p, _VP, _U64P, c_int, c_uint32, _IP]),
-    "dfkv_max_value_size": (c_uint64, [c_void_p]),
-}
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -144,7 +76,7 @@ def candidates() -> List[str]:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    for name, (restype, argtypes) in _PROTOTYPES.items():
+    for name, (restype, argtypes) in _abi.PROTOTYPES.items():
         fn = getattr(lib, name)  # AttributeError names a symbol the library lacks
         fn.restype = restype
         fn.argtypes = argtypes

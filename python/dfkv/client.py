@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Mapping
 from ctypes import addressof, byref, c_int, c_ubyte, c_uint32, c_uint64, c_void_p
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _lib, identity
 from ._buffers import Pins, RawBuffer, new_bytes
@@ -422,6 +422,10 @@ class Client:
             self._release()
 
     # -- batch operations -------------------------------------------------------------------
+    #
+    # Every batch call has the shape fn(h, keys, key_lens, <arrays...>, n, <scalars...>,
+    # out_ok[, out_lens]); _batch runs it (pinning, the in-flight count, the return code) and
+    # each method says only how its arrays are filled and how its outputs read.
 
     @staticmethod
     def _key_arrays(p: Pins, keys: Sequence[Any]) -> Tuple[Any, Any]:
@@ -442,24 +446,31 @@ class Client:
             ba[i], bl[i] = get(b, f"{what}[{i}]")
         return ba, bl
 
-    def _check_batch(self, name: str, rc: int) -> None:
+    def _batch(self, name: str, keys: Sequence[Any], n: int,
+               arrays: Optional[Callable[[Pins], Tuple[Any, ...]]] = None,
+               scalars: Tuple[Any, ...] = (), lens: bool = False) -> Tuple[Any, Any]:
+        """Runs dfkv_<name> over n items; returns its out_ok array (and out_lens when
+        ``lens``). ``arrays(p)`` pins and builds the per-item arrays after the keys."""
+        out = (c_int * n)()
+        tail: Tuple[Any, ...] = (out, (c_uint64 * n)()) if lens else (out,)
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kl = self._key_arrays(p, keys)
+                mid = arrays(p) if arrays is not None else ()
+                rc = getattr(self._lib, name)(h, ka, kl, *mid, n, *scalars, *tail)
+        finally:
+            self._release()
         if rc != 0:
             raise DfkvError(f"{name} rejected the batch (bad arguments or too many items)")
+        return out, tail[-1]
 
     def batch_put(self, keys: Sequence[Any], values: Sequence[Any]) -> List[bool]:
         """Store each value under its key; per-item success."""
         n = _pair(keys, values, "values")
         if not n:
             return []
-        out = (c_int * n)()
-        h = self._acquire()
-        try:
-            with self._pins() as p:
-                ka, kl = self._key_arrays(p, keys)
-                va, vl = self._buf_arrays(p, values, False, "values")
-                self._check_batch("dfkv_batch_put", self._lib.dfkv_batch_put(h, ka, kl, va, vl, n, out))
-        finally:
-            self._release()
+        out, _ = self._batch("dfkv_batch_put", keys, n, lambda p: self._buf_arrays(p, values, False, "values"))
         return [v == 1 for v in out]
 
     def batch_get_into(self, keys: Sequence[Any], bufs: Sequence[Any]) -> List[bool]:
@@ -467,15 +478,7 @@ class Client:
         n = _pair(keys, bufs, "buffers")
         if not n:
             return []
-        out = (c_int * n)()
-        h = self._acquire()
-        try:
-            with self._pins() as p:
-                ka, kl = self._key_arrays(p, keys)
-                ba, bl = self._buf_arrays(p, bufs, True, "bufs")
-                self._check_batch("dfkv_batch_get", self._lib.dfkv_batch_get(h, ka, kl, ba, bl, n, out))
-        finally:
-            self._release()
+        out, _ = self._batch("dfkv_batch_get", keys, n, lambda p: self._buf_arrays(p, bufs, True, "bufs"))
         return [v == 1 for v in out]
 
     def batch_get(self, keys: Sequence[Any], sizes: Union[int, Sequence[int]]) -> List[Optional[bytes]]:
@@ -499,24 +502,19 @@ class Client:
         if not n:
             return []
         owned: List[Optional[bytes]] = [None] * n
-        out = (c_int * n)()
-        out_lens = (c_uint64 * n)()
-        h = self._acquire()
-        try:
-            with self._pins() as p:
-                ka, kl = self._key_arrays(p, keys)
-                ba = p.keep((c_void_p * n)())
-                bl = p.keep((c_uint64 * n)())
-                for i, c in enumerate(caps):
-                    if _is_int(c):
-                        owned[i], ba[i] = new_bytes(_check_len(f"caps[{i}]", c))
-                        bl[i] = int(c)
-                    else:
-                        ba[i], bl[i] = p.write(c, f"bufs[{i}]")
-                self._check_batch("dfkv_batch_get_auto",
-                                  self._lib.dfkv_batch_get_auto(h, ka, kl, ba, bl, n, out, out_lens))
-        finally:
-            self._release()
+
+        def arrays(p: Pins) -> Tuple[Any, Any]:
+            ba = p.keep((c_void_p * n)())
+            bl = p.keep((c_uint64 * n)())
+            for i, c in enumerate(caps):
+                if _is_int(c):
+                    owned[i], ba[i] = new_bytes(_check_len(f"caps[{i}]", c))
+                    bl[i] = int(c)
+                else:
+                    ba[i], bl[i] = p.write(c, f"bufs[{i}]")
+            return ba, bl
+
+        out, out_lens = self._batch("dfkv_batch_get_auto", keys, n, arrays, lens=True)
         res: List[Any] = []
         for i in range(n):
             ok, length = out[i] == 1, out_lens[i] if out[i] == 1 else 0
@@ -528,7 +526,7 @@ class Client:
         return res
 
     def batch_exist(self, keys: Sequence[Any]) -> List[bool]:
-        return self._batch_keys_only("dfkv_batch_exist", keys)
+        return self._keys_only("dfkv_batch_exist", keys)
 
     def batch_exist_lease(self, keys: Sequence[Any], lease_ms: int = 0) -> List[int]:
         """Look keys up and lease the hits on their servers: per key 1 = hit and leased (safe
@@ -538,33 +536,15 @@ class Client:
         n = _pair(keys, keys, "keys")
         if not n:
             return []
-        out = (c_int * n)()
-        h = self._acquire()
-        try:
-            with self._pins() as p:
-                ka, kl = self._key_arrays(p, keys)
-                self._check_batch("dfkv_batch_exist_lease",
-                                  self._lib.dfkv_batch_exist_lease(h, ka, kl, n, lease_ms, out))
-        finally:
-            self._release()
+        out, _ = self._batch("dfkv_batch_exist_lease", keys, n, scalars=(lease_ms,))
         return [int(v) for v in out]
 
     def batch_remove(self, keys: Sequence[Any]) -> List[bool]:
-        return self._batch_keys_only("dfkv_batch_remove", keys)
+        return self._keys_only("dfkv_batch_remove", keys)
 
-    def _batch_keys_only(self, name: str, keys: Sequence[Any]) -> List[bool]:
+    def _keys_only(self, name: str, keys: Sequence[Any]) -> List[bool]:
         n = _pair(keys, keys, "keys")
-        if not n:
-            return []
-        out = (c_int * n)()
-        h = self._acquire()
-        try:
-            with self._pins() as p:
-                ka, kl = self._key_arrays(p, keys)
-                self._check_batch(name, getattr(self._lib, name)(h, ka, kl, n, out))
-        finally:
-            self._release()
-        return [v == 1 for v in out]
+        return [v == 1 for v in self._batch(name, keys, n)[0]] if n else []
 
     # -- scatter-gather ---------------------------------------------------------------------
 
@@ -593,16 +573,7 @@ class Client:
         n = _pair(keys, segments, "segment lists")
         if not n:
             return []
-        out = (c_int * n)()
-        h = self._acquire()
-        try:
-            with self._pins() as p:
-                ka, kl = self._key_arrays(p, keys)
-                sp, sl, sc = self._sg_arrays(p, segments, False)
-                self._check_batch("dfkv_batch_put_sg",
-                                  self._lib.dfkv_batch_put_sg(h, ka, kl, sp, sl, sc, n, out))
-        finally:
-            self._release()
+        out, _ = self._batch("dfkv_batch_put_sg", keys, n, lambda p: self._sg_arrays(p, segments, False))
         return [v == 1 for v in out]
 
     def batch_get_auto_sg(self, keys: Sequence[Any], segments: Sequence[Sequence[Any]]) -> List[Tuple[bool, int]]:
@@ -611,17 +582,8 @@ class Client:
         n = _pair(keys, segments, "segment lists")
         if not n:
             return []
-        out = (c_int * n)()
-        out_lens = (c_uint64 * n)()
-        h = self._acquire()
-        try:
-            with self._pins() as p:
-                ka, kl = self._key_arrays(p, keys)
-                sp, sl, sc = self._sg_arrays(p, segments, True)
-                self._check_batch("dfkv_batch_get_auto_sg",
-                                  self._lib.dfkv_batch_get_auto_sg(h, ka, kl, sp, sl, sc, n, out, out_lens))
-        finally:
-            self._release()
+        out, out_lens = self._batch("dfkv_batch_get_auto_sg", keys, n,
+                                    lambda p: self._sg_arrays(p, segments, True), lens=True)
         return [(True, out_lens[i]) if out[i] == 1 else (False, 0) for i in range(n)]
 
     @property

@@ -64,7 +64,7 @@ def test_load_maps_library_once_and_declares_everything():
         "v = dfkv.version()\n"
         "assert isinstance(v, str) and v, v\n"
         "lib = L.load(); assert lib is L.load()\n"
-        "for name, (res, args) in L._PROTOTYPES.items():\n"
+        "for name, (res, args) in L._abi.PROTOTYPES.items():\n"
         "    f = getattr(lib, name); assert f.restype is res and list(f.argtypes) == args, name\n"
         "maps = open('/proc/self/maps').read()\n"
         "assert L.loaded_path() and L.loaded_path() in maps\n"

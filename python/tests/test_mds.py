@@ -6,6 +6,7 @@ are absent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -49,8 +51,10 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-@pytest.fixture
-def mds_cluster(tmp_path):
+@contextlib.contextmanager
+def run_cluster(tmp_path: Path, lease_ttl: str = "2s") -> Iterator[str]:
+    """A real dfkv_mds (embedded etcd) and a dfkv_server registered with it as py-n1 in
+    group "py"; yields the MDS address. Skips only when the build outputs are absent."""
     missing = [str(p) for p in (LIB_PATH, SERVER_BIN, MDS_BIN, CTL_BIN) if not p.is_file()]
     if missing:
         pytest.skip("not built: " + ", ".join(missing) + " (run tools/build.sh)")
@@ -60,7 +64,7 @@ def mds_cluster(tmp_path):
         mds = subprocess.Popen(
             [str(MDS_BIN), "--listen", "0", "--addr-file", str(tmp_path / "mds.addr"),
              "--etcd", f"embedded:{tmp_path / 'etcd'}", "--etcd-client-addr", f"127.0.0.1:{free_port()}",
-             "--etcd-peer-addr", f"127.0.0.1:{free_port()}", "--lease-ttl", "2s", "--log-level", "warn"],
+             "--etcd-peer-addr", f"127.0.0.1:{free_port()}", "--lease-ttl", lease_ttl, "--log-level", "warn"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(mds)
         mds_addr = wait_file(tmp_path / "mds.addr", mds, "dfkv_mds")
@@ -75,6 +79,12 @@ def mds_cluster(tmp_path):
     finally:
         for p in reversed(procs):
             stop(p)
+
+
+@pytest.fixture
+def mds_cluster(tmp_path):
+    with run_cluster(tmp_path) as addr:
+        yield addr
 
 
 def ctl_json(*args: str) -> dict:

@@ -1,0 +1,82 @@
+"""ctypes declarations of the dfkv C ABI, generated from go/cmd/libdfkv/dfkv.h by
+tools/gen_ctypes.py. Do not edit: change the header and rerun the generator
+(tools/gen_ctypes.py --check, run by tools/test.sh, fails while this file is stale)."""
+
+from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_uint32, c_uint64, c_void_p
+
+__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "ClientOptionsV2", "PROTOTYPES"]
+
+# Constants (#define).
+ABI_VERSION = 2
+CLIENT_OPT_REGISTER_WITH_MDS = (1 << 0)
+CLIENT_OPT_RDMA = (1 << 1)
+
+
+class ClientOptionsV2(Structure):
+    """``dfkv_client_options_v2`` from dfkv.h, field for field."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("abi_version", c_uint32),
+        ("members", c_char_p),
+        ("key_namespace", c_void_p),
+        ("key_namespace_len", c_uint64),
+        ("batch_concurrency", c_uint64),
+        ("mds_endpoints", c_char_p),
+        ("mds_group", c_char_p),
+        ("mds_poll_ms", c_int32),
+        ("flags", c_uint32),
+        ("client_id", c_char_p),
+        ("client_info", c_char_p),
+        ("client_heartbeat_ms", c_int32),
+        ("reserved0", c_uint32),
+    ]
+
+
+# name -> (restype, argtypes), every function of dfkv.h in header order.
+PROTOTYPES = {
+    # dfkv_open_v2(options)
+    "dfkv_open_v2": (c_void_p, [POINTER(ClientOptionsV2)]),
+    # dfkv_close(c)
+    "dfkv_close": (None, [c_void_p]),
+    # dfkv_put(c, key, key_len, value, n)
+    "dfkv_put": (c_int, [c_void_p, c_void_p, c_uint64, c_void_p, c_uint64]),
+    # dfkv_get(c, key, key_len, buf, n)
+    "dfkv_get": (c_int, [c_void_p, c_void_p, c_uint64, c_void_p, c_uint64]),
+    # dfkv_get_auto(c, key, key_len, buf, cap, out_len)
+    "dfkv_get_auto": (c_int, [c_void_p, c_void_p, c_uint64, c_void_p, c_uint64, POINTER(c_uint64)]),
+    # dfkv_exist(c, key, key_len)
+    "dfkv_exist": (c_int, [c_void_p, c_void_p, c_uint64]),
+    # dfkv_remove(c, key, key_len)
+    "dfkv_remove": (c_int, [c_void_p, c_void_p, c_uint64]),
+    # dfkv_batch_put(c, keys, key_lens, values, value_lens, n, out_ok)
+    "dfkv_batch_put": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_void_p), POINTER(c_uint64), c_int, POINTER(c_int)]),
+    # dfkv_batch_get(c, keys, key_lens, bufs, lens, n, out_ok)
+    "dfkv_batch_get": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_void_p), POINTER(c_uint64), c_int, POINTER(c_int)]),
+    # dfkv_batch_get_auto(c, keys, key_lens, bufs, caps, n, out_ok, out_lens)
+    "dfkv_batch_get_auto": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_void_p), POINTER(c_uint64), c_int, POINTER(c_int), POINTER(c_uint64)]),
+    # dfkv_batch_exist(c, keys, key_lens, n, out_ok)
+    "dfkv_batch_exist": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), c_int, POINTER(c_int)]),
+    # dfkv_batch_remove(c, keys, key_lens, n, out_ok)
+    "dfkv_batch_remove": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), c_int, POINTER(c_int)]),
+    # dfkv_batch_put_sg(c, keys, key_lens, seg_ptrs, seg_lens, seg_counts, n, out_ok)
+    "dfkv_batch_put_sg": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(POINTER(c_void_p)), POINTER(POINTER(c_uint64)), POINTER(c_uint32), c_int, POINTER(c_int)]),
+    # dfkv_batch_get_auto_sg(c, keys, key_lens, seg_ptrs, seg_lens, seg_counts, n, out_ok, out_lens)
+    "dfkv_batch_get_auto_sg": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(POINTER(c_void_p)), POINTER(POINTER(c_uint64)), POINTER(c_uint32), c_int, POINTER(c_int), POINTER(c_uint64)]),
+    # dfkv_max_sg_segs(c)
+    "dfkv_max_sg_segs": (c_uint32, [c_void_p]),
+    # dfkv_register_memory(c, base, size)
+    "dfkv_register_memory": (c_int, [c_void_p, c_void_p, c_uint64]),
+    # dfkv_transport_mode(c)
+    "dfkv_transport_mode": (c_char_p, [c_void_p]),
+    # dfkv_stats_snapshot(c, buf, cap)
+    "dfkv_stats_snapshot": (c_uint64, [c_void_p, c_char_p, c_uint64]),
+    # dfkv_version()
+    "dfkv_version": (c_char_p, []),
+    # dfkv_last_error(c)
+    "dfkv_last_error": (c_char_p, [c_void_p]),
+    # dfkv_batch_exist_lease(c, keys, key_lens, n, lease_ms, out_ok)
+    "dfkv_batch_exist_lease": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), c_int, c_uint32, POINTER(c_int)]),
+    # dfkv_max_value_size(c)
+    "dfkv_max_value_size": (c_uint64, [c_void_p]),
+}
