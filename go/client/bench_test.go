@@ -3,6 +3,7 @@
 package client_test
 
 import (
+	"context"
 	"encoding/binary"
 	"io"
 	"log/slog"
@@ -25,7 +26,7 @@ func BenchmarkGet4KiB(b *testing.B) {
 	c, _ := client.New(client.Options{Membership: ms})
 	defer c.Close()
 	val := make([]byte, 4096)
-	if err := c.Put([]byte("k"), val); err != nil {
+	if err := c.Put(context.Background(), []byte("k"), val); err != nil {
 		b.Fatal(err)
 	}
 	buf := make([]byte, 4096)
@@ -33,7 +34,7 @@ func BenchmarkGet4KiB(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := c.Get([]byte("k"), buf); err != nil {
+		if err := c.Get(context.Background(), []byte("k"), buf); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -133,7 +134,7 @@ func BenchmarkLookup64(b *testing.B) {
 	items := make([]client.Item, 64)
 	for i := range items {
 		items[i].Key = []byte{byte(i), 'k'}
-		if err := c.Put(items[i].Key, make([]byte, 4096)); err != nil {
+		if err := c.Put(context.Background(), items[i].Key, make([]byte, 4096)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -141,8 +142,8 @@ func BenchmarkLookup64(b *testing.B) {
 		name string
 		call func() error
 	}{
-		{"exist", func() error { return c.BatchExist(items) }},
-		{"exist_lease", func() error { return c.BatchExistLease(items, 10*time.Second) }},
+		{"exist", func() error { return c.BatchExist(context.Background(), items) }},
+		{"exist_lease", func() error { return c.BatchExistLease(context.Background(), items, 10*time.Second) }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()

@@ -250,7 +250,7 @@ func TestMDSMembershipNoMDSAtOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Put([]byte("k"), []byte("v")); !IsMiss(err) {
+	if err := c.Put(context.Background(), []byte("k"), []byte("v")); !IsMiss(err) {
 		t.Fatalf("empty ring must be a miss, got %v", err)
 	}
 	if snap := string(c.Snapshot()); !strings.Contains(snap, "dfkv_client_mds_polls_total") {
