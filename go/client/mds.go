@@ -37,7 +37,8 @@ type MDSOptions struct {
 	InitialWait time.Duration
 
 	// Register makes this process visible under the group's clients prefix (never in the
-	// ring). The environment DFKV_CLIENT_REGISTER=0 turns it off whatever is set here.
+	// ring). (The C ABI clears it when DFKV_CLIENT_REGISTER=0; this package reads no
+	// environment.)
 	Register  bool
 	ClientID  string        // default "<hostname>-<pid>-<random>"
 	Info      []wire.KV     // client_info
@@ -87,11 +88,6 @@ type recentView struct {
 // ErrNoMDS: MDS discovery was asked for without endpoints.
 var ErrNoMDS = errors.New("dfkv: no MDS endpoints")
 
-// RegisterFromEnv applies the DFKV_CLIENT_REGISTER=0 opt-out to a requested registration.
-func RegisterFromEnv(requested bool) bool {
-	return requested && os.Getenv("DFKV_CLIENT_REGISTER") != "0"
-}
-
 // NewMDSMembership fetches the topology once (bounded by InitialWait) and starts polling.
 func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	if len(o.Endpoints) == 0 {
@@ -140,7 +136,7 @@ func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	}
 	cancel()
 
-	if RegisterFromEnv(o.Register) {
+	if o.Register {
 		if err := m.startRegistration(); err != nil {
 			rpc.Close()
 			return nil, err

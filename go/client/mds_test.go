@@ -290,13 +290,19 @@ func TestClientRegistration(t *testing.T) {
 	m.Close()
 	waitFor(0)
 
+	// The environment is the C ABI's business (TestRegisterEnv there): the library obeys
+	// only its options, so DFKV_CLIENT_REGISTER=0 here changes nothing.
 	t.Setenv("DFKV_CLIENT_REGISTER", "0")
-	m2 := newMembership(t, MDSOptions{Endpoints: []string{addr}, Register: true, ClientID: "conn-2"})
+	m2 := newMembership(t, MDSOptions{Endpoints: []string{addr}, Register: false, ClientID: "conn-2"})
 	// No holder means nothing can ever register; no sleep-and-hope needed.
 	if m2.holder != nil {
-		t.Fatal("DFKV_CLIENT_REGISTER=0 still started a registration holder")
+		t.Fatal("Register false still started a registration holder")
 	}
 	if got := list(); len(got) != 0 {
-		t.Fatalf("DFKV_CLIENT_REGISTER=0 still registered: %+v", got)
+		t.Fatalf("Register false still registered: %+v", got)
 	}
+	m3 := newMembership(t, MDSOptions{Endpoints: []string{addr}, Register: true, ClientID: "conn-3"})
+	waitFor(1)
+	m3.Close()
+	waitFor(0)
 }

@@ -404,8 +404,9 @@ func Version() string { return version.Version }
 
 // Deadlines a deployment may tune without an ABI change (the options struct is frozen):
 // DFKV_CONNECT_TIMEOUT_MS (default 1000), DFKV_IO_TIMEOUT_MS (per request, default 5000) and
-// DFKV_PEER_COOLDOWN_MS (after a peer I/O failure, default 3000). A malformed value refuses
-// the open rather than silently running with a default.
+// DFKV_PEER_COOLDOWN_MS (after a peer I/O failure, default 3000); DFKV_FANOUT_THREADS (batch
+// chunk goroutines per handle, default 32, at most 4096) is read here too. A malformed
+// value refuses the open rather than silently running with a default.
 func applyTimeoutEnv(o *client.Options) error {
 	for _, t := range []struct {
 		env string
@@ -424,6 +425,12 @@ func applyTimeoutEnv(o *client.Options) error {
 		}
 		*t.dst = time.Duration(ms) * time.Millisecond
 	}
+	// Not a deadline, but tuned the same way; the client refuses more than 4096.
+	n, err := envInt(envFanout, 0)
+	if err != nil {
+		return err
+	}
+	o.FanoutThreads = n
 	return nil
 }
 
