@@ -115,7 +115,11 @@ func (c *Client) batchArg(ctx context.Context, op fb.Op, items []Item, flags uin
 		return ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
-		return ctxErr("batch", err)
+		err = ctxErr("batch", err)
+		for i := range items {
+			items[i].Err, items[i].N, items[i].Leased = err, 0, false
+		}
+		return err
 	}
 	view := c.opts.Membership.View()
 	groups := map[*peer][]*Item{}

@@ -229,8 +229,9 @@ func TestContextCancelBatch(t *testing.T) {
 			t.Fatalf("item %d: %v, want context.Canceled", i, it.Err)
 		}
 	}
-	if err := c.BatchGet(ctx, items, client.Exact); !errors.Is(err, context.Canceled) {
-		t.Fatalf("batch with an ended context: %v", err)
+	items[0].Err = nil
+	if err := c.BatchGet(ctx, items, client.Exact); !errors.Is(err, context.Canceled) || !errors.Is(items[0].Err, context.Canceled) {
+		t.Fatalf("batch with an ended context: %v (item: %v)", err, items[0].Err)
 	}
 	eng.stall.Store(false)
 	if err := c.BatchGet(context.Background(), items, client.Exact); err != nil {
