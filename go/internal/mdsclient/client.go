@@ -60,7 +60,7 @@ func ParseEndpoints(s string) ([]string, error) {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(e); err != nil {
-			return nil, fmt.Errorf("mds endpoint %q: %w", e, err)
+			return nil, fmt.Errorf("mds: endpoint %q: %w", e, err)
 		}
 		out = append(out, e)
 	}
@@ -77,7 +77,7 @@ func New(endpoints []string, opts Options) (*Client, error) {
 	}
 	for _, e := range endpoints {
 		if _, _, err := net.SplitHostPort(e); err != nil {
-			return nil, fmt.Errorf("mds endpoint %q: %w", e, err)
+			return nil, fmt.Errorf("mds: endpoint %q: %w", e, err)
 		}
 	}
 	if opts.CallTimeout <= 0 {
@@ -268,7 +268,7 @@ func ParseInfo(s string) ([]wire.KV, error) {
 		}
 		k, v, ok := strings.Cut(f, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("client_info entry %q: want k=v", f)
+			return nil, fmt.Errorf("mds: client_info entry %q: want k=v", f)
 		}
 		out = append(out, wire.KV{Key: k, Value: v})
 	}
