@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"sync"
@@ -57,22 +58,22 @@ const (
 )
 
 // BatchPut stores every item (Value, or Segs gathered in order).
-func (c *Client) BatchPut(items []Item) error {
-	return c.batch(fb.OpBatchPut, items, 0, opBatchPut)
+func (c *Client) BatchPut(ctx context.Context, items []Item) error {
+	return c.batch(ctx, fb.OpBatchPut, items, 0, opBatchPut)
 }
 
 // BatchGet reads every item into Buf (or scatters into Segs).
-func (c *Client) BatchGet(items []Item, mode GetMode) error {
+func (c *Client) BatchGet(ctx context.Context, items []Item, mode GetMode) error {
 	flags := wire.FlagExact
 	if mode == Auto {
 		flags = wire.FlagCap
 	}
-	return c.batch(fb.OpBatchGet, items, flags, opBatchGet)
+	return c.batch(ctx, fb.OpBatchGet, items, flags, opBatchGet)
 }
 
 // BatchExist sets N to each item's stored length (Err = ErrNotFound when absent).
-func (c *Client) BatchExist(items []Item) error {
-	return c.batch(fb.OpBatchExist, items, 0, opBatchExist)
+func (c *Client) BatchExist(ctx context.Context, items []Item) error {
+	return c.batch(ctx, fb.OpBatchExist, items, 0, opBatchExist)
 }
 
 // BatchExistLease is BatchExist that also leases every hit on its server for lease (0 =
@@ -80,16 +81,16 @@ func (c *Client) BatchExist(items []Item) error {
 // until it is read or the lease expires, so that a lookup's answer still holds when the
 // read it announces arrives. Leases are bounded on the server; past the bound a hit comes
 // back without one (Leased false).
-func (c *Client) BatchExistLease(items []Item, lease time.Duration) error {
+func (c *Client) BatchExistLease(ctx context.Context, items []Item, lease time.Duration) error {
 	if lease < 0 {
 		return fmt.Errorf("dfkv: lease %v: %w", lease, ErrInvalid)
 	}
-	return c.batchArg(fb.OpBatchExistLease, items, 0, opBatchExist, uint64(lease/time.Millisecond))
+	return c.batchArg(ctx, fb.OpBatchExistLease, items, 0, opBatchExist, uint64(lease/time.Millisecond))
 }
 
 // BatchRemove removes every item.
-func (c *Client) BatchRemove(items []Item) error {
-	return c.batch(fb.OpBatchRemove, items, 0, opBatchRemove)
+func (c *Client) BatchRemove(ctx context.Context, items []Item) error {
+	return c.batch(ctx, fb.OpBatchRemove, items, 0, opBatchRemove)
 }
 
 type chunk struct {
@@ -101,16 +102,24 @@ type chunk struct {
 // without one connection carrying an unbounded frame.
 const maxChunkBytes = 64 << 20
 
-func (c *Client) batch(op fb.Op, items []Item, flags uint8, kind opKind) error {
-	return c.batchArg(op, items, flags, kind, 0)
+func (c *Client) batch(ctx context.Context, op fb.Op, items []Item, flags uint8, kind opKind) error {
+	return c.batchArg(ctx, op, items, flags, kind, 0)
 }
 
 // batchArg runs a batch whose request header carries arg in its length field (the lease
-// of BatchExistLease).
-func (c *Client) batchArg(op fb.Op, items []Item, flags uint8, kind opKind, arg uint64) error {
+// of BatchExistLease). The call's error is for the call as a whole (closed client, context
+// already ended); each item's outcome is in its Err.
+func (c *Client) batchArg(ctx context.Context, op fb.Op, items []Item, flags uint8, kind opKind, arg uint64) error {
 	start := time.Now()
 	if c.closed.Load() {
 		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		err = ctxErr("batch", err)
+		for i := range items {
+			items[i].Err, items[i].N, items[i].Leased = err, 0, false
+		}
+		return err
 	}
 	view := c.opts.Membership.View()
 	groups := map[*peer][]*Item{}
@@ -143,15 +152,20 @@ func (c *Client) batchArg(op fb.Op, items []Item, flags uint8, kind opKind, arg 
 	}
 	var wg sync.WaitGroup
 	for i := 1; i < len(chunks); i++ {
-		fanout <- struct{}{}
+		select {
+		case c.fanout <- struct{}{}:
+		case <-ctx.Done(): // never ready for a context that cannot end
+			c.runChunk(ctx, op, flags, arg, chunks[i]) // fails at once: items get the context's error
+			continue
+		}
 		wg.Add(1)
 		go func(ch chunk) {
-			defer func() { <-fanout; wg.Done() }()
-			c.runChunk(op, flags, arg, ch)
+			defer func() { <-c.fanout; wg.Done() }()
+			c.runChunk(ctx, op, flags, arg, ch)
 		}(chunks[i])
 	}
 	if len(chunks) > 0 {
-		c.runChunk(op, flags, arg, chunks[0])
+		c.runChunk(ctx, op, flags, arg, chunks[0])
 	}
 	wg.Wait()
 	var moved int64
@@ -205,11 +219,11 @@ func appendChunks(out []chunk, p *peer, items []*Item, op fb.Op, o Options) []ch
 	return out
 }
 
-func (c *Client) runChunk(op fb.Op, flags uint8, arg uint64, ch chunk) {
+func (c *Client) runChunk(ctx context.Context, op fb.Op, flags uint8, arg uint64, ch chunk) {
 	status := make([]error, len(ch.items))
 	lens := make([]int64, len(ch.items))
 	leased := make([]bool, len(ch.items))
-	err := c.exec(ch.p, func(pc *pconn) error {
+	err := c.exec(ctx, ch.p, func(pc *pconn) error {
 		return c.chunkOnce(pc, op, flags, arg, ch.items, status, lens, leased)
 	})
 	for i, it := range ch.items {
@@ -273,7 +287,7 @@ func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, arg uint64, items [
 		}
 		r, err := wire.DecodeBatchResult(rb[:])
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrProtocol, err)
+			return fmt.Errorf("%w: %w", ErrProtocol, err)
 		}
 		status[i] = statusErr(r.Status)
 		if r.Status == fb.StatusInvalid && r.ValueLen != 0 && op == fb.OpBatchGet {
@@ -310,7 +324,7 @@ func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, arg uint64, items [
 // client's limit and each server's HELLO-advertised max value size, connecting to members
 // it has not talked to yet. Connectors check their object size against it at start so a
 // misfit refuses to start instead of failing every PUT.
-func (c *Client) MaxValue() (uint64, error) {
+func (c *Client) MaxValue(ctx context.Context) (uint64, error) {
 	if c.closed.Load() {
 		return 0, ErrClosed
 	}
@@ -319,7 +333,7 @@ func (c *Client) MaxValue() (uint64, error) {
 	for _, m := range view.Members {
 		p := c.peerFor(m)
 		if p.limits.Load() == nil {
-			if err := c.exec(p, func(*pconn) error { return nil }); err != nil {
+			if err := c.exec(ctx, p, func(*pconn) error { return nil }); err != nil {
 				return 0, fmt.Errorf("dfkv: max value: member %s: %w", m.Addr, err)
 			}
 		}

@@ -3,6 +3,7 @@
 package client_test
 
 import (
+	"context"
 	"encoding/binary"
 	"io"
 	"log/slog"
@@ -19,13 +20,31 @@ import (
 // BenchmarkGet4KiB and BenchmarkRawRoundTrip4KiB measure, side by side, one dfkv GET of a
 // 4 KiB value through the client and server (mem engine) and a raw request/reply of the
 // same size on loopback: their ratio is the per-request overhead of the whole stack.
-func BenchmarkGet4KiB(b *testing.B) {
+func BenchmarkGet4KiB(b *testing.B) { benchGet4KiB(b, context.Background(), false) }
+
+// BenchmarkGet4KiBCancelCtx is BenchmarkGet4KiB with a cancellable context (a callback
+// registered and removed per request); BlockingIO variants measure the C ABI's path.
+func BenchmarkGet4KiBCancelCtx(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	benchGet4KiB(b, ctx, false)
+}
+
+func BenchmarkGet4KiBBlockingIO(b *testing.B) { benchGet4KiB(b, context.Background(), true) }
+
+func BenchmarkGet4KiBBlockingIOCancelCtx(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	benchGet4KiB(b, ctx, true)
+}
+
+func benchGet4KiB(b *testing.B, ctx context.Context, blocking bool) {
 	n := startOnB(b)
 	ms, _ := client.NewStatic([]client.Member{{ID: "n", Addr: n, Weight: 1}})
-	c, _ := client.New(client.Options{Membership: ms})
+	c, _ := client.New(client.Options{Membership: ms, BlockingIO: blocking})
 	defer c.Close()
 	val := make([]byte, 4096)
-	if err := c.Put([]byte("k"), val); err != nil {
+	if err := c.Put(context.Background(), []byte("k"), val); err != nil {
 		b.Fatal(err)
 	}
 	buf := make([]byte, 4096)
@@ -33,7 +52,7 @@ func BenchmarkGet4KiB(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := c.Get([]byte("k"), buf); err != nil {
+		if err := c.Get(ctx, []byte("k"), buf); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -133,7 +152,7 @@ func BenchmarkLookup64(b *testing.B) {
 	items := make([]client.Item, 64)
 	for i := range items {
 		items[i].Key = []byte{byte(i), 'k'}
-		if err := c.Put(items[i].Key, make([]byte, 4096)); err != nil {
+		if err := c.Put(context.Background(), items[i].Key, make([]byte, 4096)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -141,8 +160,8 @@ func BenchmarkLookup64(b *testing.B) {
 		name string
 		call func() error
 	}{
-		{"exist", func() error { return c.BatchExist(items) }},
-		{"exist_lease", func() error { return c.BatchExistLease(items, 10*time.Second) }},
+		{"exist", func() error { return c.BatchExist(context.Background(), items) }},
+		{"exist_lease", func() error { return c.BatchExistLease(context.Background(), items, 10*time.Second) }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()

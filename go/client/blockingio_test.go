@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -50,29 +51,29 @@ func TestBlockingIORoundTrips(t *testing.T) {
 				}
 				want := crc32.ChecksumIEEE(val)
 				// Put as segments (gathered by one sendmsg with blocking I/O).
-				if err := c.PutSegs(key, [][]byte{val[:size/2], val[size/2:]}); err != nil {
+				if err := c.PutSegs(context.Background(), key, [][]byte{val[:size/2], val[size/2:]}); err != nil {
 					t.Fatalf("put %d: %v", size, err)
 				}
 				buf := make([]byte, size)
-				if err := c.Get(key, buf); err != nil || crc32.ChecksumIEEE(buf) != want {
+				if err := c.Get(context.Background(), key, buf); err != nil || crc32.ChecksumIEEE(buf) != want {
 					t.Fatalf("get %d: %v", size, err)
 				}
 				big := make([]byte, size+7)
-				if m, err := c.GetAuto(key, big); err != nil || m != size || crc32.ChecksumIEEE(big[:m]) != want {
+				if m, err := c.GetAuto(context.Background(), key, big); err != nil || m != size || crc32.ChecksumIEEE(big[:m]) != want {
 					t.Fatalf("get auto %d: n=%d %v", size, m, err)
 				}
 				if size > 2 {
 					part := make([]byte, size-2)
-					if err := c.GetRange(key, 1, part); err != nil || !bytes.Equal(part, val[1:size-1]) {
+					if err := c.GetRange(context.Background(), key, 1, part); err != nil || !bytes.Equal(part, val[1:size-1]) {
 						t.Fatalf("range %d: %v", size, err)
 					}
 				}
 				segs := [][]byte{make([]byte, size/3), make([]byte, 1), make([]byte, size)}
-				if m, err := c.GetAutoSegs(key, segs); err != nil || m != size ||
+				if m, err := c.GetAutoSegs(context.Background(), key, segs); err != nil || m != size ||
 					crc32.ChecksumIEEE(bytes.Join(segs, nil)[:size]) != want {
 					t.Fatalf("segs %d: n=%d %v", size, m, err)
 				}
-				if err := c.Get(key, make([]byte, size+1)); !errors.Is(err, client.ErrBufferTooSmall) {
+				if err := c.Get(context.Background(), key, make([]byte, size+1)); !errors.Is(err, client.ErrBufferTooSmall) {
 					t.Fatalf("exact get with the wrong size: %v", err)
 				}
 			}
@@ -82,7 +83,7 @@ func TestBlockingIORoundTrips(t *testing.T) {
 				vals[i] = bytes.Repeat([]byte{byte(i + 1)}, 300_000+i)
 				items[i] = client.Item{Key: []byte(fmt.Sprintf("b-%v-%d", blocking, i)), Value: vals[i]}
 			}
-			if err := c.BatchPut(items); err != nil {
+			if err := c.BatchPut(context.Background(), items); err != nil {
 				t.Fatal(err)
 			}
 			for i := range items {
@@ -91,7 +92,7 @@ func TestBlockingIORoundTrips(t *testing.T) {
 				}
 				items[i] = client.Item{Key: items[i].Key, Segs: [][]byte{make([]byte, 1000), make([]byte, len(vals[i]))}}
 			}
-			if err := c.BatchGet(items, client.Auto); err != nil {
+			if err := c.BatchGet(context.Background(), items, client.Auto); err != nil {
 				t.Fatal(err)
 			}
 			for i := range items {
@@ -181,7 +182,7 @@ func TestBlockingIODeadlineMidReply(t *testing.T) {
 	c := newClient(t, p.ln.Addr().String(), client.Options{BlockingIO: true, IOTimeout: ioTimeout,
 		ConnectTimeout: ioTimeout, Cooldown: time.Minute, PoolSize: 1})
 	val := bytes.Repeat([]byte("x"), 4<<20)
-	if err := c.Put([]byte("k"), val); err != nil {
+	if err := c.Put(context.Background(), []byte("k"), val); err != nil {
 		t.Fatal(err)
 	}
 	p.stall.Store(1 << 20) // connections opened from now on stall after 1 MiB
@@ -189,7 +190,7 @@ func TestBlockingIODeadlineMidReply(t *testing.T) {
 		ConnectTimeout: ioTimeout, Cooldown: time.Minute})
 	buf := make([]byte, len(val))
 	start := time.Now()
-	err := c2.Get([]byte("k"), buf)
+	err := c2.Get(context.Background(), []byte("k"), buf)
 	took := time.Since(start)
 	if !errors.Is(err, client.ErrTimeout) {
 		t.Fatalf("stalled reply: want ErrTimeout, got %v", err)
@@ -198,7 +199,7 @@ func TestBlockingIODeadlineMidReply(t *testing.T) {
 	if took < ioTimeout || took > ioTimeout+ioTimeout/8+300*time.Millisecond {
 		t.Fatalf("stalled reply ended after %v (I/O deadline %v)", took, ioTimeout)
 	}
-	if err := c2.Get([]byte("k"), buf); !errors.Is(err, client.ErrUnavailable) {
+	if err := c2.Get(context.Background(), []byte("k"), buf); !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("after the timeout the peer should be cooling down: %v", err)
 	}
 }
@@ -235,7 +236,7 @@ func TestBlockingIOSilentPeer(t *testing.T) {
 	const ioTimeout = 300 * time.Millisecond
 	c := newClient(t, ln.Addr().String(), client.Options{BlockingIO: true, IOTimeout: ioTimeout, ConnectTimeout: ioTimeout})
 	start := time.Now()
-	err = c.Get([]byte("k"), make([]byte, 10))
+	err = c.Get(context.Background(), []byte("k"), make([]byte, 10))
 	if !errors.Is(err, client.ErrTimeout) {
 		t.Fatalf("silent peer: want ErrTimeout, got %v", err)
 	}

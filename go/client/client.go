@@ -1,13 +1,13 @@
 package client
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +53,9 @@ type Options struct {
 	// ignore it). Deadlines, retries and the cool-down behave the same.
 	BlockingIO bool
 	RDMA       *RDMAOptions // nil = TCP only
+	// FanoutThreads bounds the goroutines one client runs for the chunks of its batch calls
+	// beyond the first (default 32, at most 4096). The C ABI sets it from DFKV_FANOUT_THREADS.
+	FanoutThreads int
 }
 
 // Client is safe for concurrent use.
@@ -60,6 +63,8 @@ type Client struct {
 	opts   Options
 	tenant uint64
 	m      *clientMetrics
+	pcfg   *peerConfig
+	fanout chan struct{} // batch chunk goroutines in flight (Options.FanoutThreads)
 
 	mu     sync.RWMutex
 	peers  map[string]*peer // by address
@@ -97,6 +102,12 @@ func New(opts Options) (*Client, error) {
 	if opts.BatchConcurrency <= 0 {
 		opts.BatchConcurrency = 4
 	}
+	if opts.FanoutThreads <= 0 {
+		opts.FanoutThreads = 32
+	}
+	if opts.FanoutThreads > 4096 {
+		return nil, fmt.Errorf("dfkv: %d fan-out threads (at most 4096): %w", opts.FanoutThreads, ErrInvalid)
+	}
 	if opts.Limits == (wire.Limits{}) {
 		opts.Limits = wire.DefaultLimits()
 	}
@@ -107,7 +118,13 @@ func New(opts Options) (*Client, error) {
 		opts.Logger = slog.Default()
 	}
 	opts.Namespace = append([]byte(nil), opts.Namespace...)
-	c := &Client{opts: opts, tenant: identity.Tenant(opts.Tenant), m: newClientMetrics(), peers: map[string]*peer{}}
+	c := &Client{opts: opts, tenant: identity.Tenant(opts.Tenant), m: newClientMetrics(), peers: map[string]*peer{},
+		fanout: make(chan struct{}, opts.FanoutThreads)}
+	c.pcfg = &peerConfig{dialer: opts.Dialer, connectTimeout: opts.ConnectTimeout, ioTimeout: opts.IOTimeout,
+		cooldown: opts.Cooldown, poolSize: opts.PoolSize, blockingIO: opts.BlockingIO, m: c.m,
+		hello: wire.Hello{ProtocolVersion: uint32(wire.ProtocolVersion), MinProtocolVersion: uint32(wire.ProtocolVersion),
+			MaxValueBytes: opts.Limits.MaxValue, MaxBatchItems: opts.Limits.MaxBatchItems, MaxDepth: 1,
+			SoftwareVersion: Version, Transport: opts.Dialer.Mode(), Token: opts.Token}}
 	// A membership with its own metrics (MDS discovery) shows up in this client's snapshot.
 	if col, ok := opts.Membership.(prometheus.Collector); ok {
 		_ = c.m.reg.Register(col)
@@ -150,7 +167,7 @@ func (c *Client) peerFor(m Member) *peer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p = c.peers[m.Addr]; p == nil {
-		p = newPeer(c, m.Addr)
+		p = newPeer(c.pcfg, m.Addr)
 		c.peers[m.Addr] = p
 	}
 	return p
@@ -181,20 +198,34 @@ func (e statusError) Unwrap() error { return e.err }
 
 // exec runs op on a pooled connection to p, retrying once on a fresh connection when a
 // reused one turns out to have been closed while idle. Every dfkv op is idempotent, so the
-// replay is safe. Transport failures start the peer's cool-down.
-func (c *Client) exec(p *peer, op func(pc *pconn) error) error {
+// replay is safe. Transport failures start the peer's cool-down; the caller's context
+// ending does not (the peer did nothing wrong).
+func (c *Client) exec(ctx context.Context, p *peer, op func(pc *pconn) error) error {
 	for attempt := 0; ; attempt++ {
-		pc, err := p.get()
+		if err := ctx.Err(); err != nil {
+			return ctxErr(p.addr, err)
+		}
+		pc, err := p.get(ctx)
 		if err != nil {
 			var se statusError
 			if errors.As(err, &se) {
 				return se.err // refused at HELLO (Forbidden): the node is healthy
 			}
-			p.markFailed()
+			if ctx.Err() == nil {
+				p.markFailed()
+			}
 			return err
 		}
-		_ = pc.nc.SetDeadline(time.Now().Add(c.opts.IOTimeout))
+		ctxBound := pc.begin(ctx, c.opts.IOTimeout)
 		err = op(pc)
+		if pc.end() {
+			// The context ended during the request; end closed the connection.
+			if err == nil {
+				p.markHealthy()
+				return nil
+			}
+			return ctxErr(p.addr, ctx.Err())
+		}
 		if err == nil {
 			p.markHealthy()
 			p.put(pc)
@@ -207,6 +238,10 @@ func (c *Client) exec(p *peer, op func(pc *pconn) error) error {
 			return se.err
 		}
 		pc.nc.Close()
+		if ctxBound && os.IsTimeout(err) {
+			// The caller's deadline, shorter than the I/O deadline, passed first.
+			return ctxErr(p.addr, context.DeadlineExceeded)
+		}
 		if attempt == 0 && pc.reused && isStale(err) {
 			c.m.retries.Inc()
 			continue
@@ -219,12 +254,12 @@ func (c *Client) exec(p *peer, op func(pc *pconn) error) error {
 }
 
 // Put stores value under key.
-func (c *Client) Put(key, value []byte) error {
-	return c.PutSegs(key, [][]byte{value})
+func (c *Client) Put(ctx context.Context, key, value []byte) error {
+	return c.PutSegs(ctx, key, [][]byte{value})
 }
 
 // PutSegs stores the concatenation of segs under key (gathered by writev, not copied).
-func (c *Client) PutSegs(key []byte, segs [][]byte) error {
+func (c *Client) PutSegs(ctx context.Context, key []byte, segs [][]byte) error {
 	start := time.Now()
 	total := uint64(0)
 	for _, s := range segs {
@@ -242,12 +277,12 @@ func (c *Client) PutSegs(key []byte, segs [][]byte) error {
 		op := &onesided.Op{Kind: fb.OpPut, Tenant: c.tenant, ID: id, Value: segs}
 		if c.opts.RDMA == nil || total > c.rdmaBlock() {
 			// TCP: no RDMA, or larger than the declared RDMA block
-		} else if done, rerr := c.rdmaExec(p, op); done {
+		} else if done, rerr := c.rdmaExec(ctx, p, op); done {
 			err = rdmaStatus(rerr, op)
 			c.m.done(opPut, err, int64(total), start)
 			return err
 		}
-		err = c.exec(p, func(pc *pconn) error {
+		err = c.exec(ctx, p, func(pc *pconn) error {
 			req := wire.Request{Op: fb.OpPut, Tenant: c.tenant, ID: id, PayloadLen: total}
 			if err := pc.send(&req, segs...); err != nil {
 				return err
@@ -274,38 +309,38 @@ func statusReply(resp wire.Response) error {
 }
 
 // Get reads a value that must be exactly len(buf) bytes into buf.
-func (c *Client) Get(key, buf []byte) error {
-	_, err := c.get(key, [][]byte{buf}, wire.FlagExact, 0, uint64(len(buf)), opGet)
+func (c *Client) Get(ctx context.Context, key, buf []byte) error {
+	_, err := c.get(ctx, key, [][]byte{buf}, wire.FlagExact, 0, uint64(len(buf)), opGet)
 	return err
 }
 
 // GetAuto reads a value of at most len(buf) bytes into buf and returns its length. A longer
 // stored value is ErrBufferTooSmall (a miss).
-func (c *Client) GetAuto(key, buf []byte) (int, error) {
-	n, err := c.get(key, [][]byte{buf}, wire.FlagCap, 0, uint64(len(buf)), opGet)
+func (c *Client) GetAuto(ctx context.Context, key, buf []byte) (int, error) {
+	n, err := c.get(ctx, key, [][]byte{buf}, wire.FlagCap, 0, uint64(len(buf)), opGet)
 	return int(n), err
 }
 
 // GetRange reads len(buf) bytes starting at off.
-func (c *Client) GetRange(key []byte, off uint64, buf []byte) error {
+func (c *Client) GetRange(ctx context.Context, key []byte, off uint64, buf []byte) error {
 	if len(buf) == 0 {
 		return fmt.Errorf("dfkv: get range: empty buffer: %w", ErrInvalid)
 	}
-	_, err := c.get(key, [][]byte{buf}, 0, off, uint64(len(buf)), opGet)
+	_, err := c.get(ctx, key, [][]byte{buf}, 0, off, uint64(len(buf)), opGet)
 	return err
 }
 
 // GetAutoSegs scatters a value of at most sum(len(segs)) bytes across segs in order.
-func (c *Client) GetAutoSegs(key []byte, segs [][]byte) (int, error) {
+func (c *Client) GetAutoSegs(ctx context.Context, key []byte, segs [][]byte) (int, error) {
 	total := uint64(0)
 	for _, s := range segs {
 		total += uint64(len(s))
 	}
-	n, err := c.get(key, segs, wire.FlagCap, 0, total, opGet)
+	n, err := c.get(ctx, key, segs, wire.FlagCap, 0, total, opGet)
 	return int(n), err
 }
 
-func (c *Client) get(key []byte, segs [][]byte, flags uint8, off, length uint64, op opKind) (uint64, error) {
+func (c *Client) get(ctx context.Context, key []byte, segs [][]byte, flags uint8, off, length uint64, op opKind) (uint64, error) {
 	start := time.Now()
 	if length == 0 {
 		return 0, fmt.Errorf("dfkv: get: empty buffer: %w", ErrInvalid)
@@ -314,11 +349,11 @@ func (c *Client) get(key []byte, segs [][]byte, flags uint8, off, length uint64,
 	var n uint64
 	p, err := c.route(id)
 	if err == nil {
-		if done, rn, rerr := c.rdmaGet(p, id, segs, flags, off, length); done {
+		if done, rn, rerr := c.rdmaGet(ctx, p, id, segs, flags, off, length); done {
 			c.m.done(op, rerr, int64(rn), start)
 			return rn, rerr
 		}
-		err = c.exec(p, func(pc *pconn) error {
+		err = c.exec(ctx, p, func(pc *pconn) error {
 			req := wire.Request{Op: fb.OpGet, Flags: flags, Tenant: c.tenant, ID: id, Offset: off, Length: length}
 			if err := pc.send(&req); err != nil {
 				return err
@@ -401,19 +436,19 @@ func (pc *pconn) readSegsDirect(segs [][]byte, n uint64) error {
 }
 
 // Exist returns the stored length of key's value, or ErrNotFound.
-func (c *Client) Exist(key []byte) (int64, error) {
+func (c *Client) Exist(ctx context.Context, key []byte) (int64, error) {
 	start := time.Now()
 	id := c.ID(key)
 	var n int64
 	p, err := c.route(id)
 	if err == nil {
 		op := &onesided.Op{Kind: fb.OpExist, Tenant: c.tenant, ID: id}
-		if done, rerr := c.rdmaExec(p, op); done {
+		if done, rerr := c.rdmaExec(ctx, p, op); done {
 			err = rdmaStatus(rerr, op)
 			c.m.done(opExist, err, 0, start)
 			return int64(op.ValueLen), err
 		}
-		err = c.exec(p, func(pc *pconn) error {
+		err = c.exec(ctx, p, func(pc *pconn) error {
 			req := wire.Request{Op: fb.OpExist, Tenant: c.tenant, ID: id}
 			if err := pc.send(&req); err != nil {
 				return err
@@ -431,18 +466,18 @@ func (c *Client) Exist(key []byte) (int64, error) {
 }
 
 // Remove deletes key's value; an absent key is ErrNotFound.
-func (c *Client) Remove(key []byte) error {
+func (c *Client) Remove(ctx context.Context, key []byte) error {
 	start := time.Now()
 	id := c.ID(key)
 	p, err := c.route(id)
 	if err == nil {
 		op := &onesided.Op{Kind: fb.OpRemove, Tenant: c.tenant, ID: id}
-		if done, rerr := c.rdmaExec(p, op); done {
+		if done, rerr := c.rdmaExec(ctx, p, op); done {
 			err = rdmaStatus(rerr, op)
 			c.m.done(opRemove, err, 0, start)
 			return err
 		}
-		err = c.exec(p, func(pc *pconn) error {
+		err = c.exec(ctx, p, func(pc *pconn) error {
 			req := wire.Request{Op: fb.OpRemove, Tenant: c.tenant, ID: id}
 			if err := pc.send(&req); err != nil {
 				return err
@@ -459,13 +494,13 @@ func (c *Client) Remove(key []byte) error {
 }
 
 // NodeStats fetches the STATS control reply of one node by address.
-func (c *Client) NodeStats(addr string) (map[string]float64, error) {
+func (c *Client) NodeStats(ctx context.Context, addr string) (map[string]float64, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
 	p := c.peerFor(Member{ID: addr, Addr: addr})
 	var out map[string]float64
-	err := c.exec(p, func(pc *pconn) error {
+	err := c.exec(ctx, p, func(pc *pconn) error {
 		req := wire.Request{Op: fb.OpStats}
 		if err := pc.send(&req); err != nil {
 			return err
@@ -483,17 +518,20 @@ func (c *Client) NodeStats(addr string) (map[string]float64, error) {
 		}
 		out, err = wire.DecodeStats(buf)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrProtocol, err)
+			return fmt.Errorf("%w: %w", ErrProtocol, err)
 		}
 		return nil
 	})
 	return out, err
 }
 
-// Ping round-trips a PING to the owner of key (used by benchmarks and health checks).
-func (c *Client) Ping(addr string) error {
+// Ping round-trips a PING to the node at addr (used by benchmarks and health checks).
+func (c *Client) Ping(ctx context.Context, addr string) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
 	p := c.peerFor(Member{ID: addr, Addr: addr})
-	return c.exec(p, func(pc *pconn) error {
+	return c.exec(ctx, p, func(pc *pconn) error {
 		req := wire.Request{Op: fb.OpPing}
 		if err := pc.send(&req); err != nil {
 			return err
@@ -505,16 +543,6 @@ func (c *Client) Ping(addr string) error {
 		return statusReply(resp)
 	})
 }
-
-// fanout bounds the goroutines all clients in the process use for batch chunks
-// (DFKV_FANOUT_THREADS, default 32).
-var fanout = func() chan struct{} {
-	n := 32
-	if v, err := strconv.Atoi(os.Getenv("DFKV_FANOUT_THREADS")); err == nil && v > 0 && v <= 4096 {
-		n = v
-	}
-	return make(chan struct{}, n)
-}()
 
 // TLSFromFiles builds a client TLS configuration from PEM files: ca verifies the servers
 // (empty: the system roots); cert and key, when given, are the client certificate for

@@ -101,7 +101,7 @@ func testDeadPeerCooldownAndRejoin(t *testing.T, blocking bool) {
 		}
 	}
 	for _, k := range keyOf {
-		if err := c.Put(k, []byte("v")); err != nil {
+		if err := c.Put(context.Background(), k, []byte("v")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,7 +111,7 @@ func testDeadPeerCooldownAndRejoin(t *testing.T, blocking bool) {
 	buf := make([]byte, 1)
 
 	start := time.Now()
-	err = c.Get(deadKey, buf)
+	err = c.Get(context.Background(), deadKey, buf)
 	first := time.Since(start)
 	if !client.IsMiss(err) {
 		t.Fatalf("dead node: want a miss, got %v", err)
@@ -121,7 +121,7 @@ func testDeadPeerCooldownAndRejoin(t *testing.T, blocking bool) {
 	}
 	start = time.Now()
 	for i := 0; i < 100; i++ {
-		if err := c.Get(deadKey, buf); !errors.Is(err, client.ErrUnavailable) {
+		if err := c.Get(context.Background(), deadKey, buf); !errors.Is(err, client.ErrUnavailable) {
 			t.Fatalf("during cool-down: %v", err)
 		}
 	}
@@ -132,7 +132,7 @@ func testDeadPeerCooldownAndRejoin(t *testing.T, blocking bool) {
 		if addr == dead.addr {
 			continue
 		}
-		if err := c.Get(k, buf); err != nil {
+		if err := c.Get(context.Background(), k, buf); err != nil {
 			t.Fatalf("live node %s: %v", addr, err)
 		}
 	}
@@ -141,7 +141,7 @@ func testDeadPeerCooldownAndRejoin(t *testing.T, blocking bool) {
 	for _, k := range keyOf {
 		items = append(items, client.Item{Key: k, Buf: make([]byte, 1)})
 	}
-	_ = c.BatchGet(items, client.Exact)
+	_ = c.BatchGet(context.Background(), items, client.Exact)
 	for _, it := range items {
 		isDead := string(it.Key) == string(deadKey)
 		if (it.Err != nil) != isDead {
@@ -152,7 +152,7 @@ func testDeadPeerCooldownAndRejoin(t *testing.T, blocking bool) {
 	startOn(t, dead.addr, dead.eng, server.Config{})
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		err := c.Get(deadKey, buf)
+		err := c.Get(context.Background(), deadKey, buf)
 		if err == nil {
 			break
 		}
@@ -178,7 +178,7 @@ func testStalePooledConnectionRetried(t *testing.T, blocking bool) {
 	ms, _ := client.NewStatic([]client.Member{{ID: "n", Addr: n.addr, Weight: 1}})
 	c, _ := client.New(client.Options{Membership: ms, BlockingIO: blocking})
 	defer c.Close()
-	if err := c.Put([]byte("k"), []byte("v")); err != nil {
+	if err := c.Put(context.Background(), []byte("k"), []byte("v")); err != nil {
 		t.Fatal(err)
 	}
 	// Wait for the event itself, the server reaping the idle pooled connection, rather than
@@ -191,7 +191,7 @@ func testStalePooledConnectionRetried(t *testing.T, blocking bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	buf := make([]byte, 1)
-	if err := c.Get([]byte("k"), buf); err != nil {
+	if err := c.Get(context.Background(), []byte("k"), buf); err != nil {
 		t.Fatalf("get after idle reap: %v", err)
 	}
 	if !strings.Contains(string(c.Snapshot()), "dfkv_client_stale_retries_total 1") {
@@ -203,10 +203,10 @@ func TestClosedClient(t *testing.T) {
 	ms, _ := client.NewStatic([]client.Member{{ID: "n", Addr: "127.0.0.1:1", Weight: 1}})
 	c, _ := client.New(client.Options{Membership: ms})
 	c.Close()
-	if err := c.Put([]byte("k"), []byte("v")); !errors.Is(err, client.ErrClosed) {
+	if err := c.Put(context.Background(), []byte("k"), []byte("v")); !errors.Is(err, client.ErrClosed) {
 		t.Fatalf("put after close: %v", err)
 	}
-	if err := c.BatchGet([]client.Item{{Key: []byte("k"), Buf: make([]byte, 1)}}, client.Exact); !errors.Is(err, client.ErrClosed) {
+	if err := c.BatchGet(context.Background(), []client.Item{{Key: []byte("k"), Buf: make([]byte, 1)}}, client.Exact); !errors.Is(err, client.ErrClosed) {
 		t.Fatalf("batch after close: %v", err)
 	}
 }

@@ -71,6 +71,13 @@ func (f *fdConn) Close() error {
 	return unix.Close(f.fd)
 }
 
+// interrupt wakes a system call blocked on the socket from another goroutine: a deadline
+// cannot (SO_RCVTIMEO is read when the call starts), a shutdown can. The blocked call
+// returns end-of-stream or EPIPE and the connection is finished.
+func (f *fdConn) interrupt() {
+	_ = unix.Shutdown(f.fd, unix.SHUT_RDWR)
+}
+
 func (f *fdConn) SetDeadline(t time.Time) error {
 	f.deadline = t
 	return nil

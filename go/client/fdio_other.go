@@ -18,6 +18,7 @@ func blockingConn(net.Conn) (*fdConn, error) { return nil, nil }
 func (*fdConn) Read([]byte) (int, error)    { return 0, errNoBlockingIO }
 func (*fdConn) Write([]byte) (int, error)   { return 0, errNoBlockingIO }
 func (*fdConn) Close() error                { return nil }
+func (*fdConn) interrupt()                  {}
 func (*fdConn) SetDeadline(time.Time) error { return nil }
 func (*fdConn) readv([][]byte) error        { return errNoBlockingIO }
 func (*fdConn) writev([][]byte) error       { return errNoBlockingIO }

@@ -74,7 +74,7 @@ func (k *inmemCluster) putAll(t *testing.T) map[int]string {
 	t.Helper()
 	owners := map[int]string{}
 	for i := range 60 {
-		if err := k.c.Put(inmemKey(i), inmemVal(i)); err != nil {
+		if err := k.c.Put(context.Background(), inmemKey(i), inmemVal(i)); err != nil {
 			t.Fatalf("put %d: %v", i, err)
 		}
 		owners[i] = k.owner(inmemKey(i))
@@ -84,7 +84,7 @@ func (k *inmemCluster) putAll(t *testing.T) map[int]string {
 
 func (k *inmemCluster) get(i int) error {
 	buf := make([]byte, len(inmemVal(i)))
-	if err := k.c.Get(inmemKey(i), buf); err != nil {
+	if err := k.c.Get(context.Background(), inmemKey(i), buf); err != nil {
 		return err
 	}
 	if !bytes.Equal(buf, inmemVal(i)) {
@@ -180,7 +180,7 @@ func TestInmemDelay(t *testing.T) {
 	for i := range owners {
 		items = append(items, client.Item{Key: inmemKey(i), Buf: make([]byte, len(inmemVal(i)))})
 	}
-	if err := k.c.BatchGet(items, client.Exact); err != nil {
+	if err := k.c.BatchGet(context.Background(), items, client.Exact); err != nil {
 		t.Fatal(err)
 	}
 	for _, it := range items {

@@ -4,6 +4,7 @@ package client_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -49,12 +50,12 @@ func TestBatchExistLeaseOverTheWire(t *testing.T) {
 	c, eng := leaseNode(t)
 	const size = 64 << 10
 	for i := range 4 {
-		if err := c.Put(lkey(i), lval(i, size)); err != nil {
+		if err := c.Put(context.Background(), lkey(i), lval(i, size)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	items := []client.Item{{Key: lkey(0)}, {Key: lkey(1)}, {Key: lkey(99)}}
-	if err := c.BatchExistLease(items, 10*time.Second); err != nil {
+	if err := c.BatchExistLease(context.Background(), items, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range items[:2] {
@@ -67,17 +68,17 @@ func TestBatchExistLeaseOverTheWire(t *testing.T) {
 	}
 	// An eviction storm of 4x the capacity, through the server.
 	for i := 100; i < 100+4*(8<<20)/size; i++ {
-		if err := c.Put(lkey(i), lval(i, size)); err != nil {
+		if err := c.Put(context.Background(), lkey(i), lval(i, size)); err != nil {
 			t.Fatalf("storm put %d: %v", i, err)
 		}
 	}
 	for i := range 2 {
 		buf := make([]byte, size)
-		if err := c.Get(lkey(i), buf); err != nil || !bytes.Equal(buf, lval(i, size)) {
+		if err := c.Get(context.Background(), lkey(i), buf); err != nil || !bytes.Equal(buf, lval(i, size)) {
 			t.Fatalf("leased key %d after the storm: %v", i, err)
 		}
 	}
-	if _, err := c.Exist(lkey(2)); !errors.Is(err, client.ErrNotFound) {
+	if _, err := c.Exist(context.Background(), lkey(2)); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("unleased key survived the storm: %v", err)
 	}
 	if st := eng.LeaseStats(); st.Active != 0 || st.Released != 2 {
@@ -92,7 +93,7 @@ func TestBatchExistLeaseCapAndExpiry(t *testing.T) {
 	eng.Leases().SetClock(func() time.Time { return time.Unix(0, now.Load()) })
 	const size = 256 << 10
 	for i := range 12 {
-		if err := c.Put(lkey(i), lval(i, size)); err != nil {
+		if err := c.Put(context.Background(), lkey(i), lval(i, size)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -100,7 +101,7 @@ func TestBatchExistLeaseCapAndExpiry(t *testing.T) {
 	for i := range items {
 		items[i].Key = lkey(i)
 	}
-	if err := c.BatchExistLease(items, 0); err != nil { // 0 = the server's default (10 s)
+	if err := c.BatchExistLease(context.Background(), items, 0); err != nil { // 0 = the server's default (10 s)
 		t.Fatal(err)
 	}
 	leased := 0
@@ -119,20 +120,20 @@ func TestBatchExistLeaseCapAndExpiry(t *testing.T) {
 	// Past the default lease, the storm may take them all.
 	now.Add(int64(wire.DefaultLeaseMS*time.Millisecond + time.Millisecond))
 	for i := 100; i < 100+3*(8<<20)/size; i++ {
-		if err := c.Put(lkey(i), lval(i, size)); err != nil {
+		if err := c.Put(context.Background(), lkey(i), lval(i, size)); err != nil {
 			t.Fatalf("storm put %d: %v", i, err)
 		}
 	}
 	gone := 0
 	for i := range 12 {
-		if _, err := c.Exist(lkey(i)); errors.Is(err, client.ErrNotFound) {
+		if _, err := c.Exist(context.Background(), lkey(i)); errors.Is(err, client.ErrNotFound) {
 			gone++
 		}
 	}
 	if gone != 12 {
 		t.Fatalf("%d of 12 expired-lease values evicted by a 3x storm", gone)
 	}
-	if mv, err := c.MaxValue(); err != nil || mv != 1<<20 {
+	if mv, err := c.MaxValue(context.Background()); err != nil || mv != 1<<20 {
 		t.Fatalf("MaxValue = %d, %v; want the server's 1 MiB", mv, err)
 	}
 }

@@ -37,7 +37,8 @@ type MDSOptions struct {
 	InitialWait time.Duration
 
 	// Register makes this process visible under the group's clients prefix (never in the
-	// ring). The environment DFKV_CLIENT_REGISTER=0 turns it off whatever is set here.
+	// ring). (The C ABI clears it when DFKV_CLIENT_REGISTER=0; this package reads no
+	// environment.)
 	Register  bool
 	ClientID  string        // default "<hostname>-<pid>-<random>"
 	Info      []wire.KV     // client_info
@@ -59,14 +60,18 @@ type MDSMembership struct {
 	holder *mdsclient.Holder
 	view   atomic.Pointer[View]
 
-	mu         sync.Mutex // serializes polls; guards the fields below
+	// ctx ends on Close: it interrupts the poll in flight, so Close never waits out a
+	// stalled MDS. done closes when the poll loop has returned.
+	ctx       context.Context
+	cancel    context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+
+	mu         sync.Mutex // guards the fields below; never held across an RPC
 	polled     int        // successful polls so far
 	shrinkSeen int        // consecutive polls that returned a guarded shrink
 	recent     []recentView
 	lastErr    error
-	stop       chan struct{}
-	done       chan struct{}
-	closeOnce  sync.Once
 
 	polls       *prometheus.CounterVec
 	viewChanges prometheus.Counter
@@ -86,11 +91,6 @@ type recentView struct {
 
 // ErrNoMDS: MDS discovery was asked for without endpoints.
 var ErrNoMDS = errors.New("dfkv: no MDS endpoints")
-
-// RegisterFromEnv applies the DFKV_CLIENT_REGISTER=0 opt-out to a requested registration.
-func RegisterFromEnv(requested bool) bool {
-	return requested && os.Getenv("DFKV_CLIENT_REGISTER") != "0"
-}
 
 // NewMDSMembership fetches the topology once (bounded by InitialWait) and starts polling.
 func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
@@ -119,7 +119,8 @@ func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dfkv: %w", err)
 	}
-	m := &MDSMembership{o: o, rpc: rpc, stop: make(chan struct{}), done: make(chan struct{})}
+	m := &MDSMembership{o: o, rpc: rpc, done: make(chan struct{})}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.polls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_client_mds_polls_total", Help: "Topology polls by result (ok, error)."}, []string{"result"})
 	m.viewChanges = prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_client_mds_view_changes_total", Help: "Ring rebuilds after a MembersEpoch change."})
 	m.shrinkHeld = prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_client_mds_shrink_held_total", Help: "Polls whose topology shrank the ring by more than half and was held back by the shrink guard."})
@@ -134,14 +135,15 @@ func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	empty, _ := NewView(nil, 0)
 	m.view.Store(empty)
 
-	ctx, cancel := context.WithTimeout(context.Background(), o.InitialWait)
+	ctx, cancel := context.WithTimeout(m.ctx, o.InitialWait)
 	if err := m.poll(ctx); err != nil {
 		o.Logger.Warn("dfkv: no topology from the MDS yet; starting with an empty ring and polling", "endpoints", o.Endpoints, "err", err)
 	}
 	cancel()
 
-	if RegisterFromEnv(o.Register) {
+	if o.Register {
 		if err := m.startRegistration(); err != nil {
+			m.cancel()
 			rpc.Close()
 			return nil, err
 		}
@@ -182,11 +184,11 @@ func (m *MDSMembership) loop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-m.stop:
+		case <-m.ctx.Done():
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), m.o.CallTimeout*time.Duration(len(m.o.Endpoints)))
+		ctx, cancel := context.WithTimeout(m.ctx, m.o.CallTimeout*time.Duration(len(m.o.Endpoints)))
 		if err := m.poll(ctx); err != nil {
 			m.o.Logger.Debug("dfkv: topology poll failed; keeping the last good ring", "err", err)
 		}
@@ -194,15 +196,17 @@ func (m *MDSMembership) loop() {
 	}
 }
 
-// poll fetches the topology once and applies it.
+// poll fetches the topology once and applies it. The fetch runs without m.mu: only the
+// view swap and the shrink-guard bookkeeping take it. Polls themselves are sequential (the
+// first from NewMDSMembership, the rest from loop), so the view cannot change under a fetch.
 func (m *MDSMembership) poll(ctx context.Context) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	cur := m.view.Load()
-	resp, _, err := m.rpc.Call(ctx, &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: m.o.Group, KnownMembersEpoch: cur.Epoch})
+	known := m.view.Load().Epoch
+	resp, _, err := m.rpc.Call(ctx, &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: m.o.Group, KnownMembersEpoch: known})
 	if err == nil && resp.Topology == nil {
 		err = fmt.Errorf("%w: topology reply without a topology", ErrProtocol)
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if err != nil {
 		m.polls.WithLabelValues("error").Inc()
 		if m.lastErr == nil {
@@ -299,10 +303,11 @@ func (m *MDSMembership) View() *View { return m.view.Load() }
 // Registered reports whether the client registration (if any) is currently live.
 func (m *MDSMembership) Registered() bool { return m.holder != nil && m.holder.Registered() }
 
-// Close stops polling and deregisters the client (bounded).
+// Close stops polling, interrupting a poll in flight, waits for the poll loop to return, and
+// deregisters the client (bounded by CallTimeout).
 func (m *MDSMembership) Close() error {
 	m.closeOnce.Do(func() {
-		close(m.stop)
+		m.cancel()
 		<-m.done
 		if m.holder != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), m.o.CallTimeout)

@@ -2,10 +2,13 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -250,7 +253,7 @@ func TestMDSMembershipNoMDSAtOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Put([]byte("k"), []byte("v")); !IsMiss(err) {
+	if err := c.Put(context.Background(), []byte("k"), []byte("v")); !IsMiss(err) {
 		t.Fatalf("empty ring must be a miss, got %v", err)
 	}
 	if snap := string(c.Snapshot()); !strings.Contains(snap, "dfkv_client_mds_polls_total") {
@@ -290,13 +293,164 @@ func TestClientRegistration(t *testing.T) {
 	m.Close()
 	waitFor(0)
 
+	// The environment is the C ABI's business (TestRegisterEnv there): the library obeys
+	// only its options, so DFKV_CLIENT_REGISTER=0 here changes nothing.
 	t.Setenv("DFKV_CLIENT_REGISTER", "0")
-	m2 := newMembership(t, MDSOptions{Endpoints: []string{addr}, Register: true, ClientID: "conn-2"})
+	m2 := newMembership(t, MDSOptions{Endpoints: []string{addr}, Register: false, ClientID: "conn-2"})
 	// No holder means nothing can ever register; no sleep-and-hope needed.
 	if m2.holder != nil {
-		t.Fatal("DFKV_CLIENT_REGISTER=0 still started a registration holder")
+		t.Fatal("Register false still started a registration holder")
 	}
 	if got := list(); len(got) != 0 {
-		t.Fatalf("DFKV_CLIENT_REGISTER=0 still registered: %+v", got)
+		t.Fatalf("Register false still registered: %+v", got)
+	}
+	m3 := newMembership(t, MDSOptions{Endpoints: []string{addr}, Register: true, ClientID: "conn-3"})
+	waitFor(1)
+	m3.Close()
+	waitFor(0)
+}
+
+// stalledMDS accepts connections and reads requests but never answers. Each request read
+// is reported on the returned channel.
+func stalledMDS(t *testing.T) (string, <-chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan struct{}, 64)
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, nc)
+			mu.Unlock()
+			go func() {
+				var hdr [wire.RequestSize]byte
+				for {
+					if _, err := io.ReadFull(nc, hdr[:]); err != nil {
+						return
+					}
+					r, err := wire.DecodeRequest(hdr[:])
+					if err != nil || r.PayloadLen > 1<<20 {
+						return
+					}
+					if _, err := io.CopyN(io.Discard, nc, int64(r.PayloadLen)); err != nil {
+						return
+					}
+					got <- struct{}{}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, nc := range conns {
+			nc.Close()
+		}
+	})
+	return ln.Addr().String(), got
+}
+
+// Close returns promptly while a poll (and a registration) waits on an MDS that stopped
+// answering, although each call may take a minute: Close interrupts them and joins the
+// poll loop.
+func TestMDSMembershipCloseInterruptsStalledPoll(t *testing.T) {
+	for _, register := range []bool{false, true} {
+		t.Run(fmt.Sprintf("register=%v", register), func(t *testing.T) {
+			addr, inflight := stalledMDS(t)
+			m, err := NewMDSMembership(MDSOptions{Endpoints: []string{addr}, Group: "g", Logger: quietLog(),
+				Poll: 5 * time.Millisecond, CallTimeout: time.Minute, InitialWait: 50 * time.Millisecond,
+				Register: register, ClientID: "stalled", Heartbeat: 5 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The first topology fetch gave up at InitialWait; then the loop's poll (and
+			// the registration) are in flight and will not be answered.
+			want := 2
+			if register {
+				want = 3
+			}
+			for range want {
+				select {
+				case <-inflight:
+				case <-time.After(20 * time.Second):
+					t.Fatal("the membership never called the MDS")
+				}
+			}
+			start := time.Now()
+			closed := make(chan struct{})
+			go func() { m.Close(); close(closed) }()
+			select {
+			case <-closed:
+			case <-time.After(20 * time.Second):
+				t.Fatal("Close waited on the stalled MDS call (CallTimeout is a minute)")
+			}
+			select {
+			case <-m.done:
+			default:
+				t.Fatal("Close returned before the poll loop did")
+			}
+			t.Logf("Close took %v", time.Since(start))
+		})
+	}
+}
+
+// View is read concurrently with polls that change it (run with -race): every snapshot is
+// whole, and the views move through the epochs the MDS published.
+func TestMDSMembershipViewDuringPolls(t *testing.T) {
+	srv := newTestMDS(t)
+	srv.set(t, "n1", "n2")
+	addr, _ := srv.replica(t)
+	m := newMembership(t, MDSOptions{Endpoints: []string{addr}, Poll: time.Millisecond, ShrinkPolls: 1})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var reads atomic.Int64
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				v := m.View()
+				if len(v.Members) != len(v.Ring.Nodes()) {
+					t.Errorf("torn view: %d members, %d ring nodes", len(v.Members), len(v.Ring.Nodes()))
+					return
+				}
+				if len(v.Members) > 0 {
+					if _, ok := v.Owner(uint64(reads.Add(1)) * 0x9e3779b97f4a7c15); !ok {
+						t.Error("a non-empty view has no owner")
+						return
+					}
+				}
+			}
+		}()
+	}
+	sets := [][]string{{"n1", "n2", "n3"}, {"n2", "n3"}, {"n1", "n2", "n3", "n4"}, {"n4"}, {"n1", "n2"}}
+	for i, want := range sets {
+		srv.set(t, want...)
+		deadline := time.Now().Add(10 * time.Second)
+		for strings.Join(ids(m.View()), ",") != strings.Join(want, ",") {
+			if time.Now().After(deadline) {
+				t.Fatalf("step %d: view %v, want %v", i, ids(m.View()), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if reads.Load() == 0 {
+		t.Fatal("no concurrent reads happened")
 	}
 }

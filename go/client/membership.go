@@ -29,13 +29,13 @@ func NewView(members []Member, epoch uint64) (*View, error) {
 	nodes := make([]ring.Node, len(members))
 	for i, m := range members {
 		if _, _, err := net.SplitHostPort(m.Addr); err != nil {
-			return nil, fmt.Errorf("client: member %q address %q: %w", m.ID, m.Addr, err)
+			return nil, fmt.Errorf("dfkv: member %q address %q: %w", m.ID, m.Addr, err)
 		}
 		nodes[i] = ring.Node{ID: m.ID, Weight: m.Weight}
 	}
 	r, err := ring.New(nodes)
 	if err != nil {
-		return nil, fmt.Errorf("client: %w", err)
+		return nil, fmt.Errorf("dfkv: %w", err)
 	}
 	byID := make(map[string]Member, len(members))
 	for _, m := range members {
@@ -93,7 +93,7 @@ func ParseMembers(s string) ([]Member, error) {
 		if at := strings.LastIndexByte(f, '@'); at >= 0 {
 			w, err := strconv.ParseUint(f[at+1:], 10, 32)
 			if err != nil || w == 0 || w > ring.MaxWeight {
-				return nil, fmt.Errorf("client: member %q: bad weight", f)
+				return nil, fmt.Errorf("dfkv: member %q: bad weight", f)
 			}
 			m.Weight = uint32(w)
 			f = f[:at]
@@ -104,15 +104,15 @@ func ParseMembers(s string) ([]Member, error) {
 			m.ID, m.Addr = f, f
 		}
 		if m.ID == "" {
-			return nil, fmt.Errorf("client: member %q: empty id", f)
+			return nil, fmt.Errorf("dfkv: member %q: empty id", f)
 		}
 		if _, _, err := net.SplitHostPort(m.Addr); err != nil {
-			return nil, fmt.Errorf("client: member %q: %w", f, err)
+			return nil, fmt.Errorf("dfkv: member %q: %w", f, err)
 		}
 		out = append(out, m)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("client: no members in %q", s)
+		return nil, fmt.Errorf("dfkv: no members in %q", s)
 	}
 	return out, nil
 }

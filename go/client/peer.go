@@ -12,13 +12,27 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dfkv/dfkv/go/internal/transport"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
+// peerConfig is what a peer needs of its client: fixed at New and shared by every peer of
+// one client (the peer holds no reference to the Client itself).
+type peerConfig struct {
+	dialer         transport.Dialer
+	connectTimeout time.Duration
+	ioTimeout      time.Duration
+	cooldown       time.Duration
+	poolSize       int
+	blockingIO     bool
+	hello          wire.Hello // what this client offers in HELLO (token included)
+	m              *clientMetrics
+}
+
 // peer is one cache node's connection pool and health state.
 type peer struct {
-	c        *Client
+	cfg      *peerConfig
 	addr     string
 	idle     chan *pconn
 	coolTill atomic.Int64 // unix nanos; ops fail fast as ErrUnavailable before it
@@ -29,8 +43,8 @@ type peer struct {
 	rdma     peerRDMA
 }
 
-func newPeer(c *Client, addr string) *peer {
-	return &peer{c: c, addr: addr, idle: make(chan *pconn, c.opts.PoolSize)}
+func newPeer(cfg *peerConfig, addr string) *peer {
+	return &peer{cfg: cfg, addr: addr, idle: make(chan *pconn, cfg.poolSize)}
 }
 
 // stream is what a pooled connection needs of its transport: a net.Conn, or an fdConn
@@ -49,6 +63,10 @@ type pconn struct {
 	scratch []byte
 	bufs    net.Buffers
 	reused  bool
+
+	stop func() bool // unregisters the context callback of the request in flight
+	intr sync.Mutex  // orders interrupt against end's close
+	dead bool        // closed by end: interrupt must not touch it
 }
 
 // cooling reports whether the peer is in its post-failure cool-down.
@@ -60,8 +78,8 @@ func (p *peer) cooling() bool {
 // markFailed starts a cool-down: the next ops fail fast until it ends, then one op probes.
 func (p *peer) markFailed() {
 	p.fails.Add(1)
-	p.coolTill.Store(time.Now().Add(p.c.opts.Cooldown).UnixNano())
-	p.c.m.cooldowns.Inc()
+	p.coolTill.Store(time.Now().Add(p.cfg.cooldown).UnixNano())
+	p.cfg.m.cooldowns.Inc()
 	p.drain()
 }
 
@@ -93,37 +111,38 @@ func (p *peer) close() {
 }
 
 // get returns a pooled connection or dials a new one.
-func (p *peer) get() (*pconn, error) {
+func (p *peer) get(ctx context.Context) (*pconn, error) {
 	select {
 	case pc := <-p.idle:
 		pc.reused = true
 		return pc, nil
 	default:
 	}
-	return p.dial()
+	return p.dial(ctx, p.cfg.blockingIO)
 }
 
-func (p *peer) dial() (*pconn, error) { return p.dialWith(p.c.opts.BlockingIO) }
-
-// dialWith connects and says HELLO; blocking moves the socket off the netpoller
+// dial connects and says HELLO; blocking moves the socket off the netpoller
 // (Options.BlockingIO). The RDMA bootstrap always wants a net.Conn (blocking false).
-func (p *peer) dialWith(blocking bool) (*pconn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), p.c.opts.ConnectTimeout)
+func (p *peer) dial(ctx context.Context, blocking bool) (*pconn, error) {
+	dctx, cancel := context.WithTimeout(ctx, p.cfg.connectTimeout)
 	defer cancel()
-	nc, err := p.c.opts.Dialer.DialContext(ctx, p.addr)
+	nc, err := p.cfg.dialer.DialContext(dctx, p.addr)
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) || os.IsTimeout(err) {
-			return nil, fmt.Errorf("dfkv: connect %s: %w", p.addr, ErrTimeout)
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, ctxErr(p.addr, cerr)
 		}
-		return nil, fmt.Errorf("dfkv: connect %s: %w: %v", p.addr, ErrUnavailable, err)
+		if errors.Is(err, context.DeadlineExceeded) || os.IsTimeout(err) {
+			return nil, fmt.Errorf("dfkv: connect %s: %w: %w", p.addr, ErrTimeout, err)
+		}
+		return nil, fmt.Errorf("dfkv: connect %s: %w: %w", p.addr, ErrUnavailable, err)
 	}
-	p.c.m.dials.Inc()
+	p.cfg.m.dials.Inc()
 	pc := &pconn{nc: nc}
 	if blocking {
 		fc, err := blockingConn(nc)
 		if err != nil {
 			nc.Close()
-			return nil, fmt.Errorf("dfkv: connect %s: %w: %v", p.addr, ErrUnavailable, err)
+			return nil, fmt.Errorf("dfkv: connect %s: %w: %w", p.addr, ErrUnavailable, err)
 		}
 		if fc != nil {
 			pc.nc, pc.fd = fc, fc
@@ -136,7 +155,12 @@ func (p *peer) dialWith(blocking bool) (*pconn, error) {
 	} else {
 		pc.br = bufio.NewReaderSize(pc.nc, 64<<10)
 	}
-	if err := pc.hello(p); err != nil {
+	pc.begin(ctx, p.cfg.ioTimeout)
+	err = pc.hello(p)
+	if pc.end() {
+		return nil, ctxErr(p.addr, ctx.Err())
+	}
+	if err != nil {
 		pc.nc.Close()
 		return nil, err
 	}
@@ -145,14 +169,10 @@ func (p *peer) dialWith(blocking bool) (*pconn, error) {
 
 // hello negotiates the protocol version and learns the server's limits.
 func (pc *pconn) hello(p *peer) error {
-	local := wire.Hello{ProtocolVersion: uint32(wire.ProtocolVersion), MinProtocolVersion: uint32(wire.ProtocolVersion),
-		MaxValueBytes: p.c.opts.Limits.MaxValue, MaxBatchItems: p.c.opts.Limits.MaxBatchItems, MaxDepth: 1,
-		SoftwareVersion: Version, Transport: p.c.opts.Dialer.Mode()}
-	local.Token = p.c.opts.Token
+	local := p.cfg.hello
 	body := wire.EncodeHello(local)
 	local.Token = "" // not kept in the negotiated state
 	req := wire.Request{Op: fb.OpHello, PayloadLen: uint64(len(body))}
-	_ = pc.nc.SetDeadline(time.Now().Add(p.c.opts.IOTimeout))
 	if err := pc.send(&req, body); err != nil {
 		return ioErr(p.addr, err)
 	}
@@ -175,10 +195,72 @@ func (pc *pconn) hello(p *peer) error {
 		_, err = wire.Negotiate(local, remote)
 	}
 	if err != nil {
-		return fmt.Errorf("dfkv: hello to %s: %w: %v", p.addr, ErrProtocol, err)
+		return fmt.Errorf("dfkv: hello to %s: %w: %w", p.addr, ErrProtocol, err)
 	}
 	p.limits.Store(&remote)
 	return nil
+}
+
+// begin arms pc for one request under ctx: its deadline is the earlier of ctx's and the
+// per-request I/O deadline, and a cancellable ctx interrupts blocked I/O (see interrupt).
+// It reports whether ctx's deadline is the one in force. end must follow the request.
+// A context that can never be cancelled (context.Background) costs nothing more than the
+// deadline: no callback is registered and no goroutine is ever started.
+func (pc *pconn) begin(ctx context.Context, ioTimeout time.Duration) (ctxBound bool) {
+	deadline := time.Now().Add(ioTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline, ctxBound = d, true
+	}
+	_ = pc.nc.SetDeadline(deadline)
+	if ctx.Done() != nil {
+		pc.stop = context.AfterFunc(ctx, pc.interrupt)
+	}
+	return ctxBound
+}
+
+// end reports whether ctx fired while the request ran (or as it ended). Such a connection
+// may have stopped mid-frame: end closes it, and it is never pooled again.
+func (pc *pconn) end() (interrupted bool) {
+	if pc.stop == nil {
+		return false
+	}
+	stopped := pc.stop()
+	pc.stop = nil
+	if stopped {
+		return false
+	}
+	// interrupt has started or run: once dead is set it cannot touch the descriptor, so
+	// closing it here never lets a shutdown land on a reused descriptor number.
+	pc.intr.Lock()
+	pc.dead = true
+	pc.intr.Unlock()
+	pc.nc.Close()
+	return true
+}
+
+// interrupt wakes a request blocked on pc (ctx cancelled or past its deadline). On the
+// netpoller a past deadline does it; a blocking system call (Options.BlockingIO) only
+// returns when the socket is shut down.
+func (pc *pconn) interrupt() {
+	pc.intr.Lock()
+	defer pc.intr.Unlock()
+	if pc.dead {
+		return
+	}
+	if pc.fd != nil {
+		pc.fd.interrupt()
+		return
+	}
+	_ = pc.nc.SetDeadline(time.Unix(1, 0))
+}
+
+// ctxErr is the error of a request its context ended: errors.Is finds the context's error
+// (and ErrTimeout for a deadline, which callers treat as a miss).
+func ctxErr(addr string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("dfkv: %s: %w: %w", addr, ErrTimeout, err)
+	}
+	return fmt.Errorf("dfkv: %s: %w", addr, err)
 }
 
 // put returns a healthy connection to the pool.
@@ -228,7 +310,7 @@ func (pc *pconn) recv(op fb.Op) (wire.Response, error) {
 	}
 	r, err := wire.DecodeResponse(b[:])
 	if err != nil {
-		return r, fmt.Errorf("%w: %v", ErrProtocol, err)
+		return r, fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
 	if r.Op != op {
 		return r, fmt.Errorf("%w: reply to op %d for op %d", ErrProtocol, r.Op, op)
@@ -242,9 +324,9 @@ func ioErr(addr string, err error) error {
 		return fmt.Errorf("dfkv: %s: %w", addr, err)
 	}
 	if os.IsTimeout(err) {
-		return fmt.Errorf("dfkv: %s: %w: %v", addr, ErrTimeout, err)
+		return fmt.Errorf("dfkv: %s: %w: %w", addr, ErrTimeout, err)
 	}
-	return fmt.Errorf("dfkv: %s: %w: %v", addr, ErrUnavailable, err)
+	return fmt.Errorf("dfkv: %s: %w: %w", addr, ErrUnavailable, err)
 }
 
 // isStale reports whether a failure on a reused pooled connection looks like the server

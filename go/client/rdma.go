@@ -167,7 +167,7 @@ type bufConn struct {
 func (b bufConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 // rdmaConn returns an idle or new RDMA connection to p, or nil when p is served over TCP.
-func (c *Client) rdmaConn(p *peer) *onesided.Client {
+func (c *Client) rdmaConn(ctx context.Context, p *peer) *onesided.Client {
 	o := c.opts.RDMA
 	if o == nil {
 		return nil
@@ -186,11 +186,11 @@ func (c *Client) rdmaConn(p *peer) *onesided.Client {
 	}
 	v1 := r.v1 || o.ForceV1
 	r.mu.Unlock()
-	oc := c.rdmaDial(p, v1)
+	oc := c.rdmaDial(ctx, p, v1)
 	if oc == nil && !v1 && p.rdma.speaksV1() {
 		// The server answered v1: never change protocol on that QP; open a fresh connection
 		// offering v1.
-		oc = c.rdmaDial(p, true)
+		oc = c.rdmaDial(ctx, p, true)
 	}
 	return oc
 }
@@ -202,14 +202,14 @@ func (r *peerRDMA) speaksV1() bool {
 }
 
 // rdmaDial bootstraps one RDMA connection to p offering v1 or v2, or returns nil (TCP).
-func (c *Client) rdmaDial(p *peer, v1 bool) *onesided.Client {
+func (c *Client) rdmaDial(ctx context.Context, p *peer, v1 bool) *onesided.Client {
 	o, r := c.opts.RDMA, &p.rdma
 	prov, err := c.rdmaProvider()
 	if err != nil {
 		c.setTCPReason(err.Error())
 		return nil
 	}
-	pc, err := p.dialWith(false)
+	pc, err := p.dial(ctx, false)
 	if err != nil {
 		return nil // the TCP path reports the failure
 	}
@@ -286,18 +286,21 @@ func (c *Client) markTCP(p *peer, why string) {
 }
 
 // rdmaExec runs op over RDMA when p is served that way; handled is false for TCP peers.
-func (c *Client) rdmaExec(p *peer, op *onesided.Op) (handled bool, err error) {
-	oc := c.rdmaConn(p)
+func (c *Client) rdmaExec(ctx context.Context, p *peer, op *onesided.Op) (handled bool, err error) {
+	oc := c.rdmaConn(ctx, p)
 	if oc == nil {
 		return false, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.IOTimeout)
+	dctx, cancel := context.WithTimeout(ctx, c.opts.IOTimeout)
 	defer cancel()
-	if err := oc.Do(ctx, []*onesided.Op{op}); err != nil {
+	if err := oc.Do(dctx, []*onesided.Op{op}); err != nil {
 		p.rdma.mu.Lock()
 		delete(p.rdma.all, oc)
 		p.rdma.mu.Unlock()
 		oc.Close()
+		if cerr := ctx.Err(); cerr != nil {
+			return true, ctxErr(p.addr, cerr) // the caller's context ended: not the peer's fault
+		}
 		p.markFailed()
 		return true, ioErr(p.addr, err)
 	}
@@ -341,12 +344,12 @@ func rdmaStatus(err error, op *onesided.Op) error {
 
 // rdmaGet is get over RDMA with the TCP path's size contracts: FlagExact (stored length
 // must equal the buffer), FlagCap (stored length at most the buffer), or a range.
-func (c *Client) rdmaGet(p *peer, id identity.ObjectID, segs [][]byte, flags uint8, off, length uint64) (bool, uint64, error) {
+func (c *Client) rdmaGet(ctx context.Context, p *peer, id identity.ObjectID, segs [][]byte, flags uint8, off, length uint64) (bool, uint64, error) {
 	op := &onesided.Op{Kind: fb.OpGet, Tenant: c.tenant, ID: id, Dst: segs}
 	if flags == 0 {
 		op.Offset, op.Length = off, length
 	}
-	done, err := c.rdmaExec(p, op)
+	done, err := c.rdmaExec(ctx, p, op)
 	if !done {
 		return false, 0, nil
 	}

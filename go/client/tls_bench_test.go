@@ -60,7 +60,7 @@ func benchGet(b *testing.B, size int, useTLS bool) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Put([]byte("k"), make([]byte, size)); err != nil {
+	if err := c.Put(context.Background(), []byte("k"), make([]byte, size)); err != nil {
 		b.Fatal(err)
 	}
 	buf := make([]byte, size)
@@ -68,7 +68,7 @@ func benchGet(b *testing.B, size int, useTLS bool) {
 	b.ResetTimer()
 	cpu0 := cpuTime()
 	for i := 0; i < b.N; i++ {
-		if err := c.Get([]byte("k"), buf); err != nil {
+		if err := c.Get(context.Background(), []byte("k"), buf); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -48,7 +49,7 @@ func TestThousandValuesRoundTrip(t *testing.T) {
 					return
 				}
 				k := fmt.Sprintf("v-%d", i)
-				if err := c.Put([]byte(k), value(k, 0, sizes[i])); err != nil {
+				if err := c.Put(context.Background(), []byte(k), value(k, 0, sizes[i])); err != nil {
 					errs <- fmt.Errorf("put %s (%d bytes): %w", k, sizes[i], err)
 					return
 				}
@@ -63,7 +64,7 @@ func TestThousandValuesRoundTrip(t *testing.T) {
 	buf := make([]byte, 4<<20)
 	for i := 0; i < N; i++ {
 		k := fmt.Sprintf("v-%d", i)
-		n, err := c.GetAuto([]byte(k), buf)
+		n, err := c.GetAuto(context.Background(), []byte(k), buf)
 		if err != nil || n != sizes[i] || !bytes.Equal(buf[:n], value(k, 0, sizes[i])) {
 			t.Fatalf("get %s: n=%d want %d err=%v", k, n, sizes[i], err)
 		}
@@ -85,7 +86,7 @@ func TestThousandValuesRoundTrip(t *testing.T) {
 	c2 := newClient(t, s.addr)
 	for i := 0; i < N; i += 37 {
 		k := fmt.Sprintf("v-%d", i)
-		n, err := c2.GetAuto([]byte(k), buf)
+		n, err := c2.GetAuto(context.Background(), []byte(k), buf)
 		if err != nil || !bytes.Equal(buf[:n], value(k, 0, sizes[i])) {
 			t.Fatalf("after restart, get %s: %v", k, err)
 		}
@@ -130,7 +131,7 @@ func TestEvictionUnderCap(t *testing.T) {
 	n := 3 * capBytes / size
 	for i := 0; i < n; i++ {
 		k := fmt.Sprintf("fill-%d", i)
-		if err := c.Put([]byte(k), value(k, 0, size)); err != nil {
+		if err := c.Put(context.Background(), []byte(k), value(k, 0, size)); err != nil {
 			t.Fatalf("put %d/%d past the cap: %v", i, n, err)
 		}
 		if i%64 == 0 {
@@ -148,7 +149,7 @@ func TestEvictionUnderCap(t *testing.T) {
 	// The most recent values are still readable byte-exact.
 	buf := make([]byte, size)
 	k := fmt.Sprintf("fill-%d", n-1)
-	if err := c.Get([]byte(k), buf); err != nil || !bytes.Equal(buf, value(k, 0, size)) {
+	if err := c.Get(context.Background(), []byte(k), buf); err != nil || !bytes.Equal(buf, value(k, 0, size)) {
 		t.Fatalf("newest value: %v", err)
 	}
 }
@@ -172,10 +173,10 @@ func TestMalformedInputAgainstBinary(t *testing.T) {
 		_, _ = nc.Write(junk)
 		nc.Close()
 	}
-	if err := c.Put([]byte("k"), []byte("still serving")); err != nil {
+	if err := c.Put(context.Background(), []byte("k"), []byte("still serving")); err != nil {
 		t.Fatalf("server stopped serving after garbage: %v\n%s", err, s.log)
 	}
-	if err := c.Put([]byte("big"), make([]byte, 1<<20+1)); !errors.Is(err, client.ErrInvalid) {
+	if err := c.Put(context.Background(), []byte("big"), make([]byte, 1<<20+1)); !errors.Is(err, client.ErrInvalid) {
 		t.Fatalf("oversized value: %v", err)
 	}
 	if s.metric("dfkv_server_invalid_frames_total") == 0 {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -32,7 +33,7 @@ func TestRAMTierKillDuringWriteStorm(t *testing.T) {
 			buf := make([]byte, 2<<20)
 			for i := 0; !stopped(); i++ {
 				b := before[(rd*17+i)%len(before)]
-				n, err := c.GetAuto([]byte(b.key), buf)
+				n, err := c.GetAuto(context.Background(), []byte(b.key), buf)
 				if err != nil {
 					continue // the kill may land mid-request
 				}
@@ -84,13 +85,13 @@ func TestRAMTierWarmGetsAndQuota(t *testing.T) {
 		"--read-coalesce", "--default-quota", "4MiB")
 	c := newClient(t, s.addr)
 	val := value("warm", 0, 1<<20)
-	if err := c.Put([]byte("warm"), val); err != nil {
+	if err := c.Put(context.Background(), []byte("warm"), val); err != nil {
 		t.Fatal(err)
 	}
 	reads := s.metric("dfkv_store_reads_total")
 	buf := make([]byte, 1<<20)
 	for i := 0; i < 20; i++ {
-		if err := c.Get([]byte("warm"), buf); err != nil || !bytes.Equal(buf, val) {
+		if err := c.Get(context.Background(), []byte("warm"), buf); err != nil || !bytes.Equal(buf, val) {
 			t.Fatalf("warm get: %v", err)
 		}
 	}
@@ -104,17 +105,17 @@ func TestRAMTierWarmGetsAndQuota(t *testing.T) {
 	s.metric("dfkv_ram_arena_bytes")
 	// 4 MiB per tenant: the fifth 1 MiB value is refused, a remove makes room again.
 	for i := 1; i < 4; i++ {
-		if err := c.Put([]byte(fmt.Sprintf("q%d", i)), val); err != nil {
+		if err := c.Put(context.Background(), []byte(fmt.Sprintf("q%d", i)), val); err != nil {
 			t.Fatalf("put %d under quota: %v", i, err)
 		}
 	}
-	if err := c.Put([]byte("q4"), val); !errors.Is(err, client.ErrQuotaExceeded) {
+	if err := c.Put(context.Background(), []byte("q4"), val); !errors.Is(err, client.ErrQuotaExceeded) {
 		t.Fatalf("put over quota: %v", err)
 	}
-	if err := c.Remove([]byte("q1")); err != nil {
+	if err := c.Remove(context.Background(), []byte("q1")); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Put([]byte("q4"), val); err != nil {
+	if err := c.Put(context.Background(), []byte("q4"), val); err != nil {
 		t.Fatalf("put after remove: %v", err)
 	}
 	if u := s.metric("dfkv_quota_used_bytes"); u != 4<<20 {

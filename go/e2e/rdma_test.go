@@ -214,37 +214,37 @@ func TestRDMAGoClient(t *testing.T) {
 		for i, n := range []int{1, 4096, 1<<20 + 1, 4 << 20, 64 << 20} {
 			key := []byte{byte(i)}
 			v := rnd(n, uint64(50+i))
-			if err := c.Put(key, v); err != nil {
+			if err := c.Put(context.Background(), key, v); err != nil {
 				t.Fatalf("put %d: %v", n, err)
 			}
 			got := make([]byte, n)
-			if err := c.Get(key, got); err != nil || !bytes.Equal(got, v) {
+			if err := c.Get(context.Background(), key, got); err != nil || !bytes.Equal(got, v) {
 				t.Fatalf("get %d: %v", n, err)
 			}
-			if m, err := c.GetAuto(key, make([]byte, n+10)); err != nil || m != n {
+			if m, err := c.GetAuto(context.Background(), key, make([]byte, n+10)); err != nil || m != n {
 				t.Fatalf("get auto %d: %d %v", n, m, err)
 			}
-			if _, err := c.GetAuto(key, make([]byte, max(n-1, 1))); n > 1 && !errors.Is(err, client.ErrBufferTooSmall) {
+			if _, err := c.GetAuto(context.Background(), key, make([]byte, max(n-1, 1))); n > 1 && !errors.Is(err, client.ErrBufferTooSmall) {
 				t.Fatalf("get auto into a short buffer: %v", err)
 			}
-			if ln, err := c.Exist(key); err != nil || ln != int64(n) {
+			if ln, err := c.Exist(context.Background(), key); err != nil || ln != int64(n) {
 				t.Fatalf("exist %d: %d %v", n, ln, err)
 			}
 		}
 		// Registered memory: zero-copy in both directions.
 		copy(reg, rnd(len(reg), 7))
 		want := append([]byte(nil), reg...)
-		if err := c.Put([]byte("reg"), reg); err != nil {
+		if err := c.Put(context.Background(), []byte("reg"), reg); err != nil {
 			t.Fatal(err)
 		}
 		clear(reg)
-		if err := c.Get([]byte("reg"), reg); err != nil || !bytes.Equal(reg, want) {
+		if err := c.Get(context.Background(), []byte("reg"), reg); err != nil || !bytes.Equal(reg, want) {
 			t.Fatalf("registered get: %v", err)
 		}
-		if err := c.Remove([]byte("reg")); err != nil {
+		if err := c.Remove(context.Background(), []byte("reg")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Exist([]byte("reg")); !errors.Is(err, client.ErrNotFound) {
+		if _, err := c.Exist(context.Background(), []byte("reg")); !errors.Is(err, client.ErrNotFound) {
 			t.Fatalf("exist after remove: %v", err)
 		}
 		mode := c.TransportMode()
@@ -289,13 +289,13 @@ func TestRDMAV1(t *testing.T) {
 			key := []byte{byte(i)}
 			v := rnd(n, uint64(70+i))
 			got := make([]byte, n)
-			if err := c.Put(key, v); err != nil {
+			if err := c.Put(context.Background(), key, v); err != nil {
 				t.Fatal(err)
 			}
-			if err := c.Get(key, got); err != nil || !bytes.Equal(got, v) {
+			if err := c.Get(context.Background(), key, got); err != nil || !bytes.Equal(got, v) {
 				t.Fatalf("v1 get %d: %v", n, err)
 			}
-			if m, err := c.GetAuto(key, make([]byte, n+1)); err != nil || m != n {
+			if m, err := c.GetAuto(context.Background(), key, make([]byte, n+1)); err != nil || m != n {
 				t.Fatalf("v1 get auto %d: %d %v", n, m, err)
 			}
 		}

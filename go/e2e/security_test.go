@@ -120,19 +120,19 @@ func TestTLSPlaintextMismatchFailsFast(t *testing.T) {
 	plainSrv := startServer(t, t.TempDir(), "--cap", "64MiB")
 
 	ok := clientWith(t, tlsSrv.addr, client.Options{TLS: tlsConfig(t, p.ca, "", "")})
-	if err := ok.Put([]byte("k"), []byte("over tls")); err != nil {
+	if err := ok.Put(context.Background(), []byte("k"), []byte("over tls")); err != nil {
 		t.Fatalf("tls client to tls server: %v", err)
 	}
 	buf := make([]byte, 8)
-	if err := ok.Get([]byte("k"), buf); err != nil || string(buf) != "over tls" {
+	if err := ok.Get(context.Background(), []byte("k"), buf); err != nil || string(buf) != "over tls" {
 		t.Fatalf("tls get: %q %v", buf, err)
 	}
 	plain := clientWith(t, tlsSrv.addr, client.Options{})
-	refusedFast(t, "plaintext client -> tls server", 3*time.Second, func() error { return plain.Put([]byte("k"), []byte("x")) })
+	refusedFast(t, "plaintext client -> tls server", 3*time.Second, func() error { return plain.Put(context.Background(), []byte("k"), []byte("x")) })
 	tlsToPlain := clientWith(t, plainSrv.addr, client.Options{TLS: tlsConfig(t, p.ca, "", "")})
-	refusedFast(t, "tls client -> plaintext server", 3*time.Second, func() error { return tlsToPlain.Put([]byte("k"), []byte("x")) })
+	refusedFast(t, "tls client -> plaintext server", 3*time.Second, func() error { return tlsToPlain.Put(context.Background(), []byte("k"), []byte("x")) })
 	// The TLS server still serves after the plaintext attempt, and kept the value.
-	if err := ok.Get([]byte("k"), buf); err != nil || string(buf) != "over tls" {
+	if err := ok.Get(context.Background(), []byte("k"), buf); err != nil || string(buf) != "over tls" {
 		t.Fatalf("tls server after plaintext attempt: %q %v", buf, err)
 	}
 }
@@ -160,14 +160,14 @@ func TestTLSRefusals(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := clientWith(t, tc.addr, client.Options{TLS: tc.cfg})
-			err := refusedFast(t, tc.name, 3*time.Second, func() error { return c.Put([]byte("k"), []byte("v")) })
+			err := refusedFast(t, tc.name, 3*time.Second, func() error { return c.Put(context.Background(), []byte("k"), []byte("v")) })
 			if !errors.Is(err, client.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("%s: %v (want ErrUnavailable mentioning %q)", tc.name, err, tc.want)
 			}
 		})
 	}
 	good := clientWith(t, mtls.addr, client.Options{TLS: tlsConfig(t, p.ca, p.cliCert, p.cliKey)})
-	if err := good.Put([]byte("k"), []byte("mtls ok")); err != nil {
+	if err := good.Put(context.Background(), []byte("k"), []byte("mtls ok")); err != nil {
 		t.Fatalf("mTLS with a good client certificate: %v", err)
 	}
 	// dfkvctl speaks mTLS with flags, and its env twins.
@@ -218,7 +218,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 		t.Fatalf("first certificate: %s", cn)
 	}
 	c := clientWith(t, srv.addr, client.Options{TLS: tlsConfig(t, p.ca, "", "")})
-	if err := c.Put([]byte("k"), []byte("before rotation")); err != nil {
+	if err := c.Put(context.Background(), []byte("k"), []byte("before rotation")); err != nil {
 		t.Fatal(err)
 	}
 	// File change, no signal: picked up by the watcher.
@@ -238,7 +238,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 	// The connection opened before the rotation was not dropped: the pooled one still works.
 	before := c.Snapshot()
 	buf := make([]byte, len("before rotation"))
-	if err := c.Get([]byte("k"), buf); err != nil || string(buf) != "before rotation" {
+	if err := c.Get(context.Background(), []byte("k"), buf); err != nil || string(buf) != "before rotation" {
 		t.Fatalf("get after rotation: %q %v", buf, err)
 	}
 	if metricLine(before, "dfkv_client_dials_total") != "dfkv_client_dials_total 1" {
@@ -282,37 +282,37 @@ func TestTenantTokens(t *testing.T) {
 	}
 	a, b := tenant("tenant-a", "tok-a"), tenant("tenant-b", "tok-b")
 	key, val := []byte("shared-key"), []byte("tenant b's private prompt KV")
-	if err := b.Put(key, val); err != nil {
+	if err := b.Put(context.Background(), key, val); err != nil {
 		t.Fatalf("b puts its own key: %v", err)
 	}
-	if err := a.Put([]byte("a-key"), []byte("tenant a")); err != nil {
+	if err := a.Put(context.Background(), []byte("a-key"), []byte("tenant a")); err != nil {
 		t.Fatalf("a puts its own key: %v", err)
 	}
 	// Tenant A's token presenting tenant B's id: every op is Forbidden.
 	intruder := tenant("tenant-b", "tok-a")
 	buf := make([]byte, len(val))
 	checks := map[string]func() error{
-		"GET":    func() error { return intruder.Get(key, buf) },
-		"EXIST":  func() error { _, err := intruder.Exist(key); return err },
-		"PUT":    func() error { return intruder.Put(key, []byte("overwritten")) },
-		"REMOVE": func() error { return intruder.Remove(key) },
+		"GET":    func() error { return intruder.Get(context.Background(), key, buf) },
+		"EXIST":  func() error { _, err := intruder.Exist(context.Background(), key); return err },
+		"PUT":    func() error { return intruder.Put(context.Background(), key, []byte("overwritten")) },
+		"REMOVE": func() error { return intruder.Remove(context.Background(), key) },
 		"BATCH_GET": func() error {
 			items := []client.Item{{Key: key, Buf: make([]byte, len(val))}}
-			if err := intruder.BatchGet(items, client.Exact); err != nil {
+			if err := intruder.BatchGet(context.Background(), items, client.Exact); err != nil {
 				return err
 			}
 			return items[0].Err
 		},
 		"BATCH_PUT": func() error {
 			items := []client.Item{{Key: key, Value: []byte("overwritten")}}
-			if err := intruder.BatchPut(items); err != nil {
+			if err := intruder.BatchPut(context.Background(), items); err != nil {
 				return err
 			}
 			return items[0].Err
 		},
 		"BATCH_REMOVE": func() error {
 			items := []client.Item{{Key: key}}
-			if err := intruder.BatchRemove(items); err != nil {
+			if err := intruder.BatchRemove(context.Background(), items); err != nil {
 				return err
 			}
 			return items[0].Err
@@ -325,28 +325,28 @@ func TestTenantTokens(t *testing.T) {
 	}
 	// Nothing changed: B still reads its value, byte for byte.
 	got := make([]byte, len(val))
-	if err := b.Get(key, got); err != nil || !bytes.Equal(got, val) {
+	if err := b.Get(context.Background(), key, got); err != nil || !bytes.Equal(got, val) {
 		t.Fatalf("tenant B's value after the attempts: %q %v", got, err)
 	}
 	// The forbidden requests left the connection usable (payloads skipped in sync).
-	if err := intruder.Ping(srv.addr); err != nil {
+	if err := intruder.Ping(context.Background(), srv.addr); err != nil {
 		t.Fatalf("ping after forbidden ops: %v", err)
 	}
 	// Rights are per op: a read-only token reads but cannot write or remove.
 	ro := tenant("tenant-a", "tok-ro")
-	if err := ro.Get([]byte("a-key"), make([]byte, len("tenant a"))); err != nil {
+	if err := ro.Get(context.Background(), []byte("a-key"), make([]byte, len("tenant a"))); err != nil {
 		t.Fatalf("read-only get: %v", err)
 	}
-	if err := ro.Put([]byte("a-key"), []byte("x")); !errors.Is(err, client.ErrForbidden) {
+	if err := ro.Put(context.Background(), []byte("a-key"), []byte("x")); !errors.Is(err, client.ErrForbidden) {
 		t.Fatalf("read-only put: %v", err)
 	}
-	if err := ro.Remove([]byte("a-key")); !errors.Is(err, client.ErrForbidden) {
+	if err := ro.Remove(context.Background(), []byte("a-key")); !errors.Is(err, client.ErrForbidden) {
 		t.Fatalf("read-only remove: %v", err)
 	}
 	// No token / a wrong token: refused at HELLO, fast, with Forbidden.
 	for name, tok := range map[string]string{"no token": "", "unknown token": "tok-c", "prefix of a token": "tok-"} {
 		c := tenant("tenant-a", tok)
-		err := refusedFast(t, name, 3*time.Second, func() error { return c.Put([]byte("a-key"), []byte("x")) })
+		err := refusedFast(t, name, 3*time.Second, func() error { return c.Put(context.Background(), []byte("a-key"), []byte("x")) })
 		if !errors.Is(err, client.ErrForbidden) {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -359,10 +359,10 @@ func TestTenantTokens(t *testing.T) {
 		t.Fatalf("dfkvctl with tenant A's token on tenant B: %v %s", err, out)
 	}
 	// STATS is an admin view.
-	if _, err := a.NodeStats(srv.addr); err == nil {
+	if _, err := a.NodeStats(context.Background(), srv.addr); err == nil {
 		t.Fatal("tenant token read node stats")
 	}
-	if _, err := tenant("tenant-a", "tok-admin").NodeStats(srv.addr); err != nil {
+	if _, err := tenant("tenant-a", "tok-admin").NodeStats(context.Background(), srv.addr); err != nil {
 		t.Fatalf("admin stats: %v", err)
 	}
 	// An old client (one that sends no token and knows no Forbidden status) gets a reply,
@@ -389,19 +389,19 @@ func TestTenantTokens(t *testing.T) {
 	// Revocation: tok-a leaves the file; after SIGHUP the open (pooled) connection and new
 	// ones are refused, while B is unaffected.
 	writeTokens(t, tokens, strings.Replace(tokenFile, "tok-a  read,write,remove  tenant-a\n", "", 1))
-	if err := a.Get([]byte("a-key"), make([]byte, len("tenant a"))); err != nil {
+	if err := a.Get(context.Background(), []byte("a-key"), make([]byte, len("tenant a"))); err != nil {
 		t.Fatalf("before reload the token still works: %v", err)
 	}
 	if err := srv.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "revoked token refused", func() bool {
-		return errors.Is(a.Get([]byte("a-key"), make([]byte, len("tenant a"))), client.ErrForbidden)
+		return errors.Is(a.Get(context.Background(), []byte("a-key"), make([]byte, len("tenant a"))), client.ErrForbidden)
 	})
-	if err := tenant("tenant-a", "tok-a").Put([]byte("a-key"), []byte("x")); !errors.Is(err, client.ErrForbidden) {
+	if err := tenant("tenant-a", "tok-a").Put(context.Background(), []byte("a-key"), []byte("x")); !errors.Is(err, client.ErrForbidden) {
 		t.Fatalf("revoked token on a new connection: %v", err)
 	}
-	if err := b.Get(key, got); err != nil || !bytes.Equal(got, val) {
+	if err := b.Get(context.Background(), key, got); err != nil || !bytes.Equal(got, val) {
 		t.Fatalf("tenant B after the reload: %v", err)
 	}
 	if strings.Contains(srv.log.String(), "tok-") {
@@ -431,7 +431,7 @@ func TestGarbageHandshakesEveryPort(t *testing.T) {
 			held = append(held, nc) // left open: the server must not wait on them
 		}
 		// Meanwhile the port serves a real client.
-		if err := good.Put([]byte("k-"+name), []byte("served")); err != nil {
+		if err := good.Put(context.Background(), []byte("k-"+name), []byte("served")); err != nil {
 			t.Fatalf("%s: data port stopped serving: %v", name, err)
 		}
 		resp, err := https.Get("https://" + srv.metricsAddr + "/healthz")
@@ -587,7 +587,7 @@ func TestMDSTLSAndTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Put([]byte("via-mds"), []byte("ok")); err != nil {
+	if err := c.Put(context.Background(), []byte("via-mds"), []byte("ok")); err != nil {
 		t.Fatalf("put through MDS discovery over TLS: %v\nnode log:\n%s", err, node.log)
 	}
 	if resp, err := mdsList(t, p, m.addr, "tok-admin"); err != nil || resp == nil {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -29,7 +30,7 @@ func preload(t *testing.T, c *client.Client, n int, seed uint64) []sizedKey {
 	for i := 0; i < n; i++ {
 		k := fmt.Sprintf("before-%d", i)
 		size := logUniform(r, 4<<10, 2<<20)
-		if err := c.Put([]byte(k), value(k, 0, size)); err != nil {
+		if err := c.Put(context.Background(), []byte(k), value(k, 0, size)); err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, sizedKey{k, size})
@@ -61,7 +62,7 @@ func startStorm(c *client.Client, writers int, seed uint64) *storm {
 				s.mu.Lock()
 				s.attempted[k] = n
 				s.mu.Unlock()
-				if err := c.Put([]byte(k), value(k, 0, n)); err != nil {
+				if err := c.Put(context.Background(), []byte(k), value(k, 0, n)); err != nil {
 					return // the server died under us
 				}
 				s.total.Add(1)
@@ -95,13 +96,13 @@ func (s *storm) verify(t *testing.T, c *client.Client, before []sizedKey) (lostA
 	t.Helper()
 	buf := make([]byte, 2<<20)
 	for _, b := range before {
-		n, err := c.GetAuto([]byte(b.key), buf)
+		n, err := c.GetAuto(context.Background(), []byte(b.key), buf)
 		if err != nil || !bytes.Equal(buf[:n], value(b.key, 0, b.size)) {
 			t.Fatalf("pre-storm write %s lost or wrong after kill -9: n=%d err=%v", b.key, n, err)
 		}
 	}
 	for k, size := range s.attempted {
-		n, err := c.GetAuto([]byte(k), buf)
+		n, err := c.GetAuto(context.Background(), []byte(k), buf)
 		switch {
 		case errors.Is(err, client.ErrNotFound):
 			if _, ok := s.acked[k]; ok {

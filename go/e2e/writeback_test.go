@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -32,7 +33,7 @@ func checkLatestOrMiss(t *testing.T, c *client.Client, name func(int) string, ke
 	t.Helper()
 	buf := make([]byte, 1<<20)
 	for k, st := range keys {
-		n, err := c.GetAuto([]byte(name(k)), buf)
+		n, err := c.GetAuto(context.Background(), []byte(name(k)), buf)
 		if errors.Is(err, client.ErrNotFound) {
 			misses++
 			continue
@@ -96,7 +97,7 @@ func TestWriteBackKillDuringOverwriteStorm(t *testing.T) {
 					k := w*keysPer + j
 					st := &keys[k] // owned by this writer until wg.Wait
 					st.pending = append(st.pending, ver)
-					err := c.Put([]byte(name(k)), value(name(k), ver, wbSize(k, ver)))
+					err := c.Put(context.Background(), []byte(name(k)), value(name(k), ver, wbSize(k, ver)))
 					switch {
 					case err == nil:
 						st.acked, st.pending = ver, st.pending[:0]
@@ -155,7 +156,7 @@ func TestWriteBackStalledFlusherBusyThenSIGTERMFlushesAll(t *testing.T) {
 	s := startServer(t, dir, base...)
 	c := newClient(t, s.addr)
 	for k := 0; k < old; k++ {
-		if err := c.Put([]byte(name(k)), value(name(k), 0, wbSize(k, 0))); err != nil {
+		if err := c.Put(context.Background(), []byte(name(k)), value(name(k), 0, wbSize(k, 0))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -168,7 +169,7 @@ func TestWriteBackStalledFlusherBusyThenSIGTERMFlushesAll(t *testing.T) {
 	c = newClient(t, s.addr)
 	keys := make([]wbKey, 0, 256)
 	for k := 0; k < old; k++ {
-		if err := c.Put([]byte(name(k)), value(name(k), 1, wbSize(k, 1))); err != nil {
+		if err := c.Put(context.Background(), []byte(name(k)), value(name(k), 1, wbSize(k, 1))); err != nil {
 			t.Fatal(err)
 		}
 		keys = append(keys, wbKey{acked: 1})
@@ -177,7 +178,7 @@ func TestWriteBackStalledFlusherBusyThenSIGTERMFlushesAll(t *testing.T) {
 	var longest time.Duration
 	for k := old; k < 200 && refused < 4; k++ {
 		start := time.Now()
-		err := c.Put([]byte(name(k)), value(name(k), 0, wbSize(k, 0)))
+		err := c.Put(context.Background(), []byte(name(k)), value(name(k), 0, wbSize(k, 0)))
 		longest = max(longest, time.Since(start))
 		switch {
 		case err == nil:
@@ -231,7 +232,7 @@ func TestWriteBackKillLeavesMissNotOlderVersion(t *testing.T) {
 	s := startServer(t, dir, base...)
 	c := newClient(t, s.addr)
 	for k := 0; k < n; k++ {
-		if err := c.Put([]byte(name(k)), value(name(k), 0, wbSize(k, 0))); err != nil {
+		if err := c.Put(context.Background(), []byte(name(k)), value(name(k), 0, wbSize(k, 0))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -243,7 +244,7 @@ func TestWriteBackKillLeavesMissNotOlderVersion(t *testing.T) {
 	c = newClient(t, s.addr)
 	keys := make([]wbKey, n)
 	for k := 0; k < n; k++ {
-		if err := c.Put([]byte(name(k)), value(name(k), 1, wbSize(k, 1))); err != nil {
+		if err := c.Put(context.Background(), []byte(name(k)), value(name(k), 1, wbSize(k, 1))); err != nil {
 			t.Fatal(err)
 		}
 		keys[k].acked = 1

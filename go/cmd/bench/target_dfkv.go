@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -123,14 +124,14 @@ func (d *dfkvConn) batchItems(n int) []client.Item {
 
 func (d *dfkvConn) put(keys, vals [][]byte, res []error) error {
 	if len(keys) == 1 {
-		res[0] = dfkvErr(d.t.c.Put(keys[0], vals[0]))
+		res[0] = dfkvErr(d.t.c.Put(context.Background(), keys[0], vals[0]))
 		return nil
 	}
 	items := d.batchItems(len(keys))
 	for i := range items {
 		items[i] = client.Item{Key: keys[i], Value: vals[i]}
 	}
-	if err := d.t.c.BatchPut(items); err != nil {
+	if err := d.t.c.BatchPut(context.Background(), items); err != nil {
 		return err
 	}
 	for i := range items {
@@ -142,13 +143,13 @@ func (d *dfkvConn) put(keys, vals [][]byte, res []error) error {
 func (d *dfkvConn) get(keys, bufs [][]byte, res []error) error {
 	if len(keys) == 1 {
 		if d.t.auto {
-			n, err := d.t.c.GetAuto(keys[0], bufs[0])
+			n, err := d.t.c.GetAuto(context.Background(), keys[0], bufs[0])
 			if err == nil && n != len(bufs[0]) {
 				err = fmt.Errorf("got %d bytes, want %d", n, len(bufs[0]))
 			}
 			res[0] = dfkvErr(err)
 		} else {
-			res[0] = dfkvErr(d.t.c.Get(keys[0], bufs[0]))
+			res[0] = dfkvErr(d.t.c.Get(context.Background(), keys[0], bufs[0]))
 		}
 		return nil
 	}
@@ -160,7 +161,7 @@ func (d *dfkvConn) get(keys, bufs [][]byte, res []error) error {
 	if d.t.auto {
 		mode = client.Auto
 	}
-	if err := d.t.c.BatchGet(items, mode); err != nil {
+	if err := d.t.c.BatchGet(context.Background(), items, mode); err != nil {
 		return err
 	}
 	for i := range items {
@@ -175,7 +176,7 @@ func (d *dfkvConn) get(keys, bufs [][]byte, res []error) error {
 
 func (d *dfkvConn) exist(keys [][]byte, res []error) error {
 	if len(keys) == 1 {
-		_, err := d.t.c.Exist(keys[0])
+		_, err := d.t.c.Exist(context.Background(), keys[0])
 		res[0] = dfkvErr(err)
 		return nil
 	}
@@ -183,7 +184,7 @@ func (d *dfkvConn) exist(keys [][]byte, res []error) error {
 	for i := range items {
 		items[i] = client.Item{Key: keys[i]}
 	}
-	if err := d.t.c.BatchExist(items); err != nil {
+	if err := d.t.c.BatchExist(context.Background(), items); err != nil {
 		return err
 	}
 	for i := range items {

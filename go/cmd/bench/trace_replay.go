@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -180,7 +181,7 @@ func traceMain(args []string, stdout, stderr io.Writer) int {
 		return exitSetup
 	}
 	defer c.Close()
-	res, err := replayTrace(c, reqs, o, stderr)
+	res, err := replayTrace(context.Background(), c, reqs, o, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "dfkv_bench trace:", err)
 		return exitSetup
@@ -252,10 +253,10 @@ type clusterSnap struct {
 	nodeCapacity                 []int64 // index-aligned with View().Members
 }
 
-func clusterStats(c *client.Client) (clusterSnap, error) {
+func clusterStats(ctx context.Context, c *client.Client) (clusterSnap, error) {
 	var s clusterSnap
 	for _, m := range c.View().Members {
-		st, err := c.NodeStats(m.Addr)
+		st, err := c.NodeStats(ctx, m.Addr)
 		if err != nil {
 			return clusterSnap{}, fmt.Errorf("stats of %s (%s): %w", m.ID, m.Addr, err)
 		}
@@ -270,9 +271,9 @@ func clusterStats(c *client.Client) (clusterSnap, error) {
 
 // replayTrace drives the cluster with reqs, one request at a time in trace order, and
 // compares its prefix hits with the simulations at the cluster's capacity in blocks.
-func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progress io.Writer) (*traceResult, error) {
+func replayTrace(ctx context.Context, c *client.Client, reqs []traceRequest, o *traceOptions, progress io.Writer) (*traceResult, error) {
 	bb := int64(o.blockBytes)
-	snap0, err := clusterStats(c)
+	snap0, err := clusterStats(ctx, c)
 	if err != nil && o.capacityBlocks == 0 {
 		return nil, fmt.Errorf("%w (give --capacity-blocks when the nodes cannot report stats)", err)
 	}
@@ -330,7 +331,7 @@ func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progres
 		// Lookup: the prefix of present blocks is what the engine would reuse.
 		// TODO(issue 13): use the leased lookup once the server has it, so that the
 		// prefix cannot be evicted between this lookup and the GET.
-		if err := c.BatchExist(items[:n]); err != nil {
+		if err := c.BatchExist(ctx, items[:n]); err != nil {
 			res.Errors += int64(n)
 			continue
 		}
@@ -350,7 +351,7 @@ func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progres
 			for i := 0; i < prefix; i++ {
 				items[i] = client.Item{Key: keys[i], Buf: vals[i]}
 			}
-			if err := c.BatchGet(items[:prefix], client.Exact); err != nil {
+			if err := c.BatchGet(ctx, items[:prefix], client.Exact); err != nil {
 				res.Errors += int64(prefix)
 			} else {
 				for hits < prefix {
@@ -379,7 +380,7 @@ func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progres
 				blockFill(vals[i], q.HashIDs[i])
 				items[i] = client.Item{Key: keys[i], Value: vals[i]}
 			}
-			if err := c.BatchPut(items[hits:n]); err != nil {
+			if err := c.BatchPut(ctx, items[hits:n]); err != nil {
 				res.Errors += int64(n - hits)
 			} else {
 				for i := hits; i < n; i++ {
@@ -393,7 +394,7 @@ func replayTrace(c *client.Client, reqs []traceRequest, o *traceOptions, progres
 	}
 	res.Seconds = time.Since(start).Seconds()
 	if capBytes > 0 {
-		if snap, err := clusterStats(c); err == nil {
+		if snap, err := clusterStats(ctx, c); err == nil {
 			res.LiveBytes = snap.objects * bb
 			res.Efficiency = float64(res.LiveBytes) / float64(capBytes)
 			// Disk reads are the hits a RAM tier did not serve (one O_DIRECT read each).

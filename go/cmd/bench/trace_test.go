@@ -269,7 +269,7 @@ func TestTraceReplayTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Put([]byte("blk-1"), make([]byte, 4096)); err != nil {
+	if err := c.Put(context.Background(), []byte("blk-1"), make([]byte, 4096)); err != nil {
 		t.Fatal(err)
 	}
 	r, code, stderr = runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "bad")

@@ -303,7 +303,7 @@ func oneNodeStats(addr string, timeout time.Duration) (map[string]float64, error
 		return nil, err
 	}
 	defer c.Close()
-	return c.NodeStats(addr)
+	return c.NodeStats(context.Background(), addr) // bounded by the client's I/O timeout
 }
 
 func sortedKeys(m map[string]float64) []string {

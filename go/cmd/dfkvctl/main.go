@@ -5,12 +5,15 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"sort"
+	"syscall"
 	"time"
 
 	"github.com/dfkv/dfkv/go/client"
@@ -92,6 +95,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	defer c.Close()
+	// ^C abandons the request in flight at once instead of waiting out the I/O timeout.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	cmd, argv := rest[0], rest[1:]
 	need := func(lo, hi int) bool {
 		if len(argv) < lo || len(argv) > hi {
@@ -110,7 +116,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "dfkvctl:", err)
 			return exitError
 		}
-		return report(stderr, c.Put([]byte(argv[0]), data), func() { fmt.Fprintf(stdout, "stored %d bytes\n", len(data)) })
+		return report(stderr, c.Put(ctx, []byte(argv[0]), data), func() { fmt.Fprintf(stdout, "stored %d bytes\n", len(data)) })
 	case "get":
 		if !need(1, 2) {
 			return exitError
@@ -119,23 +125,23 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if len(argv) == 2 {
 			out = argv[1]
 		}
-		return get(c, []byte(argv[0]), out, stdout, stderr)
+		return get(ctx, c, []byte(argv[0]), out, stdout, stderr)
 	case "exist":
 		if !need(1, 1) {
 			return exitError
 		}
-		n, err := c.Exist([]byte(argv[0]))
+		n, err := c.Exist(ctx, []byte(argv[0]))
 		return report(stderr, err, func() { fmt.Fprintln(stdout, n) })
 	case "rm":
 		if !need(1, 1) {
 			return exitError
 		}
-		return report(stderr, c.Remove([]byte(argv[0])), func() { fmt.Fprintln(stdout, "removed") })
+		return report(stderr, c.Remove(ctx, []byte(argv[0])), func() { fmt.Fprintln(stdout, "removed") })
 	case "stat":
 		if !need(0, 0) {
 			return exitError
 		}
-		st, err := c.NodeStats(*node)
+		st, err := c.NodeStats(ctx, *node)
 		return report(stderr, err, func() {
 			names := make([]string, 0, len(st))
 			for k := range st {
@@ -161,14 +167,14 @@ func readInput(name string, stdin io.Reader) ([]byte, error) {
 }
 
 // get sizes the buffer with EXIST, then reads; a value that grew in between is re-read.
-func get(c *client.Client, key []byte, out string, stdout, stderr io.Writer) int {
+func get(ctx context.Context, c *client.Client, key []byte, out string, stdout, stderr io.Writer) int {
 	for attempt := 0; attempt < 3; attempt++ {
-		n, err := c.Exist(key)
+		n, err := c.Exist(ctx, key)
 		if err != nil {
 			return report(stderr, err, nil)
 		}
 		buf := make([]byte, n)
-		got, err := c.GetAuto(key, buf)
+		got, err := c.GetAuto(ctx, key, buf)
 		if errors.Is(err, client.ErrBufferTooSmall) {
 			continue
 		}

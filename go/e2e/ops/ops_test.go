@@ -331,13 +331,13 @@ func TestOperatorView(t *testing.T) {
 			var err error
 			switch i % 4 {
 			case 0:
-				err = c.Put(k, val)
+				err = c.Put(context.Background(), k, val)
 			case 1, 2:
-				if err = c.Get(k, buf); errors.Is(err, client.ErrNotFound) {
+				if err = c.Get(context.Background(), k, buf); errors.Is(err, client.ErrNotFound) {
 					err = nil
 				}
 			case 3:
-				if err = c.Get([]byte(fmt.Sprintf("never-written-%d", i)), buf); errors.Is(err, client.ErrNotFound) {
+				if err = c.Get(context.Background(), []byte(fmt.Sprintf("never-written-%d", i)), buf); errors.Is(err, client.ErrNotFound) {
 					err = nil
 				}
 			}

@@ -1,6 +1,7 @@
 package cabi
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -194,7 +195,7 @@ func (h *Handle) Put(key, value []byte) (int, error) {
 	if len(value) == 0 {
 		return -1, errEmptyValue
 	}
-	if err := h.c.Put(key, value); err != nil {
+	if err := h.c.Put(context.Background(), key, value); err != nil {
 		return -1, err
 	}
 	return 0, nil
@@ -205,7 +206,7 @@ func (h *Handle) Get(key, buf []byte) (int, error) {
 	if len(buf) == 0 {
 		return 0, errEmptyBuffer
 	}
-	if err := h.c.Get(key, buf); err != nil {
+	if err := h.c.Get(context.Background(), key, buf); err != nil {
 		return 0, err
 	}
 	return 1, nil
@@ -216,7 +217,7 @@ func (h *Handle) GetAuto(key, buf []byte) (int, uint64, error) {
 	if len(buf) == 0 {
 		return 0, 0, errEmptyBuffer
 	}
-	n, err := h.c.GetAuto(key, buf)
+	n, err := h.c.GetAuto(context.Background(), key, buf)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -225,7 +226,7 @@ func (h *Handle) GetAuto(key, buf []byte) (int, uint64, error) {
 
 // Exist: 1 when present.
 func (h *Handle) Exist(key []byte) (int, error) {
-	if _, err := h.c.Exist(key); err != nil {
+	if _, err := h.c.Exist(context.Background(), key); err != nil {
 		return 0, err
 	}
 	return 1, nil
@@ -234,7 +235,7 @@ func (h *Handle) Exist(key []byte) (int, error) {
 // Remove: 1 when the owner confirmed the key is gone, removed now or already absent (the
 // original dfkv ABI's rule); 0 when that is unknown (timeout, unavailable, ...).
 func (h *Handle) Remove(key []byte) (int, error) {
-	if err := h.c.Remove(key); err != nil && !errors.Is(err, client.ErrNotFound) {
+	if err := h.c.Remove(context.Background(), key); err != nil && !errors.Is(err, client.ErrNotFound) {
 		return 0, err
 	}
 	return 1, nil
@@ -272,7 +273,7 @@ func (h *Handle) BatchPut(keys, values [][]byte, outOK []int32) (int, error) {
 	for i := range items {
 		items[i] = client.Item{Key: keys[i], Value: values[i]}
 	}
-	if err := h.c.BatchPut(items); err != nil {
+	if err := h.c.BatchPut(context.Background(), items); err != nil {
 		return -1, err
 	}
 	return 0, results(items, outOK, nil, false)
@@ -309,7 +310,7 @@ func (h *Handle) batchGet(keys, bufs [][]byte, segs [][][]byte, outOK []int32, o
 			items[i].Buf = bufs[i]
 		}
 	}
-	if err := h.c.BatchGet(items, mode); err != nil {
+	if err := h.c.BatchGet(context.Background(), items, mode); err != nil {
 		return -1, err
 	}
 	return 0, results(items, outOK, outLens, false)
@@ -325,7 +326,7 @@ func (h *Handle) BatchPutSG(keys [][]byte, segs [][][]byte, outOK []int32) (int,
 	for i := range items {
 		items[i] = client.Item{Key: keys[i], Segs: segs[i]}
 	}
-	if err := h.c.BatchPut(items); err != nil {
+	if err := h.c.BatchPut(context.Background(), items); err != nil {
 		return -1, err
 	}
 	return 0, results(items, outOK, nil, false)
@@ -342,7 +343,7 @@ func (h *Handle) BatchRemove(keys [][]byte, outOK []int32) (int, error) {
 	return h.keysOnly(keys, outOK, h.c.BatchRemove, true)
 }
 
-func (h *Handle) keysOnly(keys [][]byte, outOK []int32, f func([]client.Item) error, absentOK bool) (int, error) {
+func (h *Handle) keysOnly(keys [][]byte, outOK []int32, f func(context.Context, []client.Item) error, absentOK bool) (int, error) {
 	clear(outOK)
 	if len(outOK) != len(keys) {
 		return -1, errArgs
@@ -351,7 +352,7 @@ func (h *Handle) keysOnly(keys [][]byte, outOK []int32, f func([]client.Item) er
 	for i := range items {
 		items[i].Key = keys[i]
 	}
-	if err := f(items); err != nil {
+	if err := f(context.Background(), items); err != nil {
 		return -1, err
 	}
 	return 0, results(items, outOK, nil, absentOK)
@@ -403,8 +404,9 @@ func Version() string { return version.Version }
 
 // Deadlines a deployment may tune without an ABI change (the options struct is frozen):
 // DFKV_CONNECT_TIMEOUT_MS (default 1000), DFKV_IO_TIMEOUT_MS (per request, default 5000) and
-// DFKV_PEER_COOLDOWN_MS (after a peer I/O failure, default 3000). A malformed value refuses
-// the open rather than silently running with a default.
+// DFKV_PEER_COOLDOWN_MS (after a peer I/O failure, default 3000); DFKV_FANOUT_THREADS (batch
+// chunk goroutines per handle, default 32, at most 4096) is read here too. A malformed
+// value refuses the open rather than silently running with a default.
 func applyTimeoutEnv(o *client.Options) error {
 	for _, t := range []struct {
 		env string
@@ -423,6 +425,12 @@ func applyTimeoutEnv(o *client.Options) error {
 		}
 		*t.dst = time.Duration(ms) * time.Millisecond
 	}
+	// Not a deadline, but tuned the same way; the client refuses more than 4096.
+	n, err := envInt(envFanout, 0)
+	if err != nil {
+		return err
+	}
+	o.FanoutThreads = n
 	return nil
 }
 
@@ -454,7 +462,7 @@ func (h *Handle) BatchExistLease(keys [][]byte, leaseMS uint32, outOK []int32) (
 	for i := range items {
 		items[i].Key = keys[i]
 	}
-	if err := h.c.BatchExistLease(items, time.Duration(leaseMS)*time.Millisecond); err != nil {
+	if err := h.c.BatchExistLease(context.Background(), items, time.Duration(leaseMS)*time.Millisecond); err != nil {
 		return -1, err
 	}
 	var first error
@@ -476,7 +484,7 @@ func (h *Handle) BatchExistLease(keys [][]byte, leaseMS uint32, outOK []int32) (
 // MaxValue is the largest value every current member accepts; 0 when unknown (no member
 // reachable).
 func (h *Handle) MaxValue() (uint64, error) {
-	n, err := h.c.MaxValue()
+	n, err := h.c.MaxValue(context.Background())
 	if err != nil {
 		return 0, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -142,5 +143,67 @@ func TestTimeoutEnv(t *testing.T) {
 	}
 	if !strings.Contains(LastError(), "DFKV_PEER_COOLDOWN_MS") {
 		t.Fatalf("error does not name the variable: %q", LastError())
+	}
+}
+
+// The library reads no environment; the C ABI turns DFKV_CLIENT_REGISTER into the MDS
+// options: "0" clears a requested registration, anything else leaves the flag in charge.
+func TestRegisterEnv(t *testing.T) {
+	for _, c := range []struct {
+		env  string // "" = unset
+		flag bool
+		want bool
+	}{
+		{"", true, true},
+		{"", false, false},
+		{"1", true, true},
+		{"0", true, false},
+		{"0", false, false},
+	} {
+		if c.env != "" {
+			t.Setenv(envRegister, c.env)
+		} else {
+			t.Setenv(envRegister, "1") // restore on cleanup, then clear for this case
+			os.Unsetenv(envRegister)
+		}
+		o := good()
+		o.MDSEndpoints = "127.0.0.1:9"
+		if c.flag {
+			o.Flags |= FlagRegisterWithMDS
+		}
+		mo, err := mdsOptions(&o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mo.Register != c.want {
+			t.Errorf("%s=%q flag=%v: Register %v, want %v", envRegister, c.env, c.flag, mo.Register, c.want)
+		}
+	}
+}
+
+// DFKV_FANOUT_THREADS reaches the client's options: a sane value opens, a malformed one
+// or one past the client's bound refuses the open and says why.
+func TestFanoutEnv(t *testing.T) {
+	o := good()
+	for _, c := range []struct {
+		val  string
+		ok   bool
+		word string
+	}{
+		{"8", true, ""},
+		{"4096", true, ""},
+		{"many", false, envFanout},
+		{"-1", false, envFanout},
+		{"4097", false, "fan-out"},
+	} {
+		t.Setenv(envFanout, c.val)
+		id := Open(&o)
+		if (id != 0) != c.ok {
+			t.Errorf("%s=%s: id=%d want ok=%v (%q)", envFanout, c.val, id, c.ok, LastError())
+		}
+		Close(id)
+		if !c.ok && !strings.Contains(LastError(), c.word) {
+			t.Errorf("%s=%s: error %q does not say %q", envFanout, c.val, LastError(), c.word)
+		}
 	}
 }

@@ -26,6 +26,8 @@ func init() {
 const (
 	envShrinkPolls = "DFKV_MDS_SHRINK_POLLS" // consecutive polls a >50% shrink must persist (default 3)
 	envCallTimeout = "DFKV_MDS_TIMEOUT_MS"   // per-replica request deadline (default 2000)
+	envRegister    = "DFKV_CLIENT_REGISTER"  // "0": never register, whatever the flags say
+	envFanout      = "DFKV_FANOUT_THREADS"   // batch chunk goroutines per client (default 32)
 )
 
 func envInt(name string, def int) (int, error) {
@@ -54,36 +56,48 @@ func mdsLogger() *slog.Logger {
 
 // OpenMDS builds the MDS membership from C ABI options.
 func OpenMDS(o *Options) (client.Membership, error) {
+	mo, err := mdsOptions(o)
+	if err != nil {
+		return nil, err
+	}
+	return client.NewMDSMembership(mo)
+}
+
+// mdsOptions turns the C ABI options and the environment into the library's MDS options
+// (the library itself reads no environment).
+func mdsOptions(o *Options) (client.MDSOptions, error) {
 	eps, err := mdsclient.ParseEndpoints(o.MDSEndpoints)
 	if err != nil {
-		return nil, fmt.Errorf("mds_endpoints: %w", err)
+		return client.MDSOptions{}, fmt.Errorf("mds_endpoints: %w", err)
 	}
 	info, err := mdsclient.ParseInfo(o.ClientInfo)
 	if err != nil {
-		return nil, err
+		return client.MDSOptions{}, err
 	}
 	if o.MDSPollMS < 0 || o.ClientHeartbeatMS < 0 {
-		return nil, fmt.Errorf("mds_poll_ms %d / client_heartbeat_ms %d: negative", o.MDSPollMS, o.ClientHeartbeatMS)
+		return client.MDSOptions{}, fmt.Errorf("mds_poll_ms %d / client_heartbeat_ms %d: negative", o.MDSPollMS, o.ClientHeartbeatMS)
 	}
 	shrink, err := envInt(envShrinkPolls, 3)
 	if err != nil {
-		return nil, err
+		return client.MDSOptions{}, err
 	}
 	timeoutMS, err := envInt(envCallTimeout, 2000)
 	if err != nil {
-		return nil, err
+		return client.MDSOptions{}, err
 	}
 	tlsCfg, token, err := securityEnv()
 	if err != nil {
-		return nil, err
+		return client.MDSOptions{}, err
 	}
-	return client.NewMDSMembership(client.MDSOptions{
+	// DFKV_CLIENT_REGISTER=0 is the operator's opt-out, whatever the caller's flags say.
+	register := o.Flags&FlagRegisterWithMDS != 0 && os.Getenv(envRegister) != "0"
+	return client.MDSOptions{
 		TLS: tlsCfg, Token: token,
 		Endpoints: eps, Group: o.MDSGroup,
 		Poll:        time.Duration(o.MDSPollMS) * time.Millisecond,
 		ShrinkPolls: shrink, CallTimeout: time.Duration(timeoutMS) * time.Millisecond,
-		Register: o.Flags&FlagRegisterWithMDS != 0, ClientID: o.ClientID, Info: info,
+		Register: register, ClientID: o.ClientID, Info: info,
 		Heartbeat: time.Duration(o.ClientHeartbeatMS) * time.Millisecond,
 		Logger:    mdsLogger(),
-	})
+	}, nil
 }

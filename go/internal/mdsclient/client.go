@@ -60,7 +60,7 @@ func ParseEndpoints(s string) ([]string, error) {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(e); err != nil {
-			return nil, fmt.Errorf("mds endpoint %q: %w", e, err)
+			return nil, fmt.Errorf("mds: endpoint %q: %w", e, err)
 		}
 		out = append(out, e)
 	}
@@ -77,7 +77,7 @@ func New(endpoints []string, opts Options) (*Client, error) {
 	}
 	for _, e := range endpoints {
 		if _, _, err := net.SplitHostPort(e); err != nil {
-			return nil, fmt.Errorf("mds endpoint %q: %w", e, err)
+			return nil, fmt.Errorf("mds: endpoint %q: %w", e, err)
 		}
 	}
 	if opts.CallTimeout <= 0 {
@@ -144,6 +144,9 @@ func (c *Client) Call(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRespo
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", ep, err))
 		c.dropConn()
+		if ctx.Err() != nil {
+			break // the caller gave up; the replica is not to blame
+		}
 		c.cur = (c.cur + 1) % len(c.eps)
 	}
 	allBackend := len(errs) > 0
@@ -191,11 +194,22 @@ func (c *Client) attempt(ctx context.Context, ep string, payload []byte) (*wire.
 			deadline = d
 		}
 		_ = c.conn.SetDeadline(deadline)
-		resp, err := roundTrip(c.conn, payload, c.opts.MaxResponse)
-		if err == nil {
+		// Cancelling ctx wakes the blocked read or write (a past deadline): the caller's
+		// Close must not wait out CallTimeout on a replica that stopped answering.
+		nc := c.conn
+		stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+		resp, err := roundTrip(nc, payload, c.opts.MaxResponse)
+		interrupted := !stop()
+		if err == nil && !interrupted {
 			return resp, nil
 		}
-		c.dropConn()
+		c.dropConn() // an interrupted connection may be mid-frame
+		if err == nil {
+			return resp, nil // answered as ctx ended: the answer stands
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("%w (%w)", cerr, err)
+		}
 		if !reused || !stale(err) {
 			return nil, err
 		}
@@ -254,7 +268,7 @@ func ParseInfo(s string) ([]wire.KV, error) {
 		}
 		k, v, ok := strings.Cut(f, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("client_info entry %q: want k=v", f)
+			return nil, fmt.Errorf("mds: client_info entry %q: want k=v", f)
 		}
 		out = append(out, wire.KV{Key: k, Value: v})
 	}

@@ -38,6 +38,8 @@ type Holder struct {
 	ttl        atomic.Int64 // ns, from the last registration
 	stop       chan struct{}
 	done       chan struct{}
+	ctx        context.Context // ends on Stop: interrupts a register or heartbeat in flight
+	cancel     context.CancelFunc
 	first      chan struct{}
 	firstOnce  sync.Once
 	stopOnce   sync.Once
@@ -55,6 +57,7 @@ func NewHolder(cfg HolderConfig) (*Holder, error) {
 		cfg.Logger = slog.Default()
 	}
 	h := &Holder{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{}), first: make(chan struct{})}
+	h.ctx, h.cancel = context.WithCancel(context.Background())
 	if cfg.Member != nil {
 		h.ops = [3]fb.MdsOp{fb.MdsOpRegisterMember, fb.MdsOpHeartbeatMember, fb.MdsOpDeregisterMember}
 	} else {
@@ -94,7 +97,7 @@ func (h *Holder) interval() time.Duration {
 }
 
 func (h *Holder) call(op fb.MdsOp) (*wire.MdsResponse, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Client.opts.CallTimeout*time.Duration(len(h.cfg.Client.eps)+1))
+	ctx, cancel := context.WithTimeout(h.ctx, h.cfg.Client.opts.CallTimeout*time.Duration(len(h.cfg.Client.eps)+1))
 	defer cancel()
 	resp, _, err := h.cfg.Client.Call(ctx, h.request(op))
 	if err != nil && h.cfg.OnError != nil {
@@ -107,6 +110,9 @@ func (h *Holder) register() bool {
 	resp, err := h.call(h.ops[0])
 	if err != nil {
 		h.registered.Store(false)
+		if h.ctx.Err() != nil {
+			return false // stopping
+		}
 		h.cfg.Logger.Warn("mds registration failed; retrying", "who", h.name(), "err", err)
 		return false
 	}
@@ -164,6 +170,7 @@ func (h *Holder) Stop(ctx context.Context) error {
 	var err error
 	h.stopOnce.Do(func() {
 		close(h.stop)
+		h.cancel() // a heartbeat stuck on a stalled replica must not hold the deregistration
 		select {
 		case <-h.done:
 		case <-ctx.Done():

@@ -144,7 +144,7 @@ func parseTokens(data []byte) ([]tokenEntry, error) {
 		out = append(out, e)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrTokenFile, err)
+		return nil, fmt.Errorf("%w: %w", ErrTokenFile, err)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%w: no tokens (an empty table would lock every client out)", ErrTokenFile)

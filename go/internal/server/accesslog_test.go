@@ -85,18 +85,18 @@ func TestAccessLogRecords(t *testing.T) {
 	c := newClient(t, n.addr, "ns")
 	secret := []byte("secret-user-prompt-key-0123")
 	val := bytes.Repeat([]byte{7}, 5000)
-	if err := c.Put(secret, val); err != nil {
+	if err := c.Put(context.Background(), secret, val); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, len(val))
-	if err := c.Get(secret, got); err != nil || !bytes.Equal(got, val) {
+	if err := c.Get(context.Background(), secret, got); err != nil || !bytes.Equal(got, val) {
 		t.Fatalf("get: %v", err)
 	}
-	if err := c.Get([]byte("secret-missing-key"), got); !errors.Is(err, client.ErrNotFound) {
+	if err := c.Get(context.Background(), []byte("secret-missing-key"), got); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("missing get: %v", err)
 	}
 	items := []client.Item{{Key: secret, Buf: make([]byte, len(val))}, {Key: []byte("secret-missing-2"), Buf: make([]byte, 1)}}
-	if err := c.BatchGet(items, client.Exact); err != nil {
+	if err := c.BatchGet(context.Background(), items, client.Exact); err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
@@ -168,7 +168,7 @@ func TestAccessLogSampling(t *testing.T) {
 	n := startNode(t, server.Config{AccessLog: al})
 	c := newClient(t, n.addr, "ns")
 	for i := 0; i < 100; i++ {
-		if err := c.Put([]byte(fmt.Sprint("k", i)), []byte("v")); err != nil {
+		if err := c.Put(context.Background(), []byte(fmt.Sprint("k", i)), []byte("v")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -228,7 +228,7 @@ func benchWarmGetAccessLog(b *testing.B, size int) {
 		}
 		b.Cleanup(func() { c.Close() })
 		for i := 0; i < keys; i++ {
-			if err := c.Put([]byte(fmt.Sprint("k", i)), val); err != nil {
+			if err := c.Put(context.Background(), []byte(fmt.Sprint("k", i)), val); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -248,7 +248,7 @@ func benchWarmGetAccessLog(b *testing.B, size int) {
 				defer wg.Done()
 				buf := make([]byte, len(val))
 				for i := w; i < n; i += workers {
-					if err := c.Get([]byte(fmt.Sprint("k", i%keys)), buf); err != nil {
+					if err := c.Get(context.Background(), []byte(fmt.Sprint("k", i%keys)), buf); err != nil {
 						b.Error(err)
 						return
 					}

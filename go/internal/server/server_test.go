@@ -78,54 +78,54 @@ func TestSingleOps(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	val := randBytes(r, 100000)
 	key := []byte("k\x00bin")
-	if err := c.Put(key, val); err != nil {
+	if err := c.Put(context.Background(), key, val); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, len(val))
-	if err := c.Get(key, got); err != nil || !bytes.Equal(got, val) {
+	if err := c.Get(context.Background(), key, got); err != nil || !bytes.Equal(got, val) {
 		t.Fatalf("get: %v", err)
 	}
-	if err := c.Get(key, make([]byte, len(val)-1)); !errors.Is(err, client.ErrBufferTooSmall) {
+	if err := c.Get(context.Background(), key, make([]byte, len(val)-1)); !errors.Is(err, client.ErrBufferTooSmall) {
 		t.Fatalf("exact get with wrong size: %v", err)
 	}
 	big := make([]byte, len(val)+10)
-	if m, err := c.GetAuto(key, big); err != nil || m != len(val) || !bytes.Equal(big[:m], val) {
+	if m, err := c.GetAuto(context.Background(), key, big); err != nil || m != len(val) || !bytes.Equal(big[:m], val) {
 		t.Fatalf("get auto: %d %v", m, err)
 	}
-	if _, err := c.GetAuto(key, make([]byte, 10)); !errors.Is(err, client.ErrBufferTooSmall) {
+	if _, err := c.GetAuto(context.Background(), key, make([]byte, 10)); !errors.Is(err, client.ErrBufferTooSmall) {
 		t.Fatalf("get auto cap too small: %v", err)
 	}
 	part := make([]byte, 1000)
-	if err := c.GetRange(key, 500, part); err != nil || !bytes.Equal(part, val[500:1500]) {
+	if err := c.GetRange(context.Background(), key, 500, part); err != nil || !bytes.Equal(part, val[500:1500]) {
 		t.Fatalf("range: %v", err)
 	}
-	if err := c.GetRange(key, uint64(len(val)-10), part); !errors.Is(err, client.ErrInvalid) {
+	if err := c.GetRange(context.Background(), key, uint64(len(val)-10), part); !errors.Is(err, client.ErrInvalid) {
 		t.Fatalf("range past end: %v", err)
 	}
-	if sz, err := c.Exist(key); err != nil || sz != int64(len(val)) {
+	if sz, err := c.Exist(context.Background(), key); err != nil || sz != int64(len(val)) {
 		t.Fatalf("exist: %d %v", sz, err)
 	}
 	// Same key, other namespace: another object.
 	other := newClient(t, n.addr, "other")
-	if _, err := other.Exist(key); !errors.Is(err, client.ErrNotFound) {
+	if _, err := other.Exist(context.Background(), key); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("namespace isolation: %v", err)
 	}
-	if err := c.Put(key, nil); !errors.Is(err, client.ErrInvalid) {
+	if err := c.Put(context.Background(), key, nil); !errors.Is(err, client.ErrInvalid) {
 		t.Fatalf("empty put: %v", err)
 	}
-	if err := c.Remove(key); err != nil {
+	if err := c.Remove(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Remove(key); !errors.Is(err, client.ErrNotFound) {
+	if err := c.Remove(context.Background(), key); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("second remove: %v", err)
 	}
-	if err := c.Get(key, got); !errors.Is(err, client.ErrNotFound) {
+	if err := c.Get(context.Background(), key, got); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("get after remove: %v", err)
 	}
-	if err := c.Ping(n.addr); err != nil {
+	if err := c.Ping(context.Background(), n.addr); err != nil {
 		t.Fatal(err)
 	}
-	st, err := c.NodeStats(n.addr)
+	st, err := c.NodeStats(context.Background(), n.addr)
 	if err != nil || st["store_objects"] != 0 || st["store_write_bytes"] != float64(len(val)) {
 		t.Fatalf("stats: %v %v", st, err)
 	}
@@ -143,7 +143,7 @@ func TestBatchesAndScatterGather(t *testing.T) {
 		items[i] = client.Item{Key: []byte{byte(i), 0, byte(i)}, Value: vals[i]}
 	}
 	items[7].Value = nil // invalid item fails alone
-	if err := c.BatchPut(items); err != nil {
+	if err := c.BatchPut(context.Background(), items); err != nil {
 		t.Fatal(err)
 	}
 	for i := range items {
@@ -156,7 +156,7 @@ func TestBatchesAndScatterGather(t *testing.T) {
 		gets[i] = client.Item{Key: items[i].Key, Buf: make([]byte, len(vals[i]))}
 	}
 	gets[N] = client.Item{Key: []byte("missing"), Buf: make([]byte, 10)}
-	if err := c.BatchGet(gets, client.Exact); err != nil {
+	if err := c.BatchGet(context.Background(), gets, client.Exact); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < N; i++ {
@@ -176,27 +176,27 @@ func TestBatchesAndScatterGather(t *testing.T) {
 	// Scatter-gather with uneven segments: put from 3 segments, read into 4 others.
 	whole := randBytes(r, 70001)
 	sg := []client.Item{{Key: []byte("sg"), Segs: [][]byte{whole[:1], whole[1:40000], whole[40000:]}}}
-	if err := c.BatchPut(sg); err != nil || sg[0].Err != nil {
+	if err := c.BatchPut(context.Background(), sg); err != nil || sg[0].Err != nil {
 		t.Fatalf("sg put: %v %v", err, sg[0].Err)
 	}
 	out := [][]byte{make([]byte, 3), make([]byte, 50000), make([]byte, 7), make([]byte, 30000)}
 	sgGet := []client.Item{{Key: []byte("sg"), Segs: out}}
-	if err := c.BatchGet(sgGet, client.Auto); err != nil || sgGet[0].Err != nil || sgGet[0].N != int64(len(whole)) {
+	if err := c.BatchGet(context.Background(), sgGet, client.Auto); err != nil || sgGet[0].Err != nil || sgGet[0].N != int64(len(whole)) {
 		t.Fatalf("sg get: %v %v %d", err, sgGet[0].Err, sgGet[0].N)
 	}
 	if !bytes.Equal(bytes.Join(out, nil)[:len(whole)], whole) {
 		t.Fatal("sg bytes differ")
 	}
 	ex := []client.Item{{Key: items[0].Key}, {Key: []byte("missing")}}
-	if err := c.BatchExist(ex); err != nil || ex[0].Err != nil || ex[0].N != int64(len(vals[0])) || !errors.Is(ex[1].Err, client.ErrNotFound) {
+	if err := c.BatchExist(context.Background(), ex); err != nil || ex[0].Err != nil || ex[0].N != int64(len(vals[0])) || !errors.Is(ex[1].Err, client.ErrNotFound) {
 		t.Fatalf("batch exist: %v %v", ex[0].Err, ex[1].Err)
 	}
 	// The mem engine has no lease table: a leased lookup answers hits without a lease.
-	if err := c.BatchExistLease(ex, time.Second); err != nil || ex[0].Err != nil || ex[0].Leased ||
+	if err := c.BatchExistLease(context.Background(), ex, time.Second); err != nil || ex[0].Err != nil || ex[0].Leased ||
 		ex[0].N != int64(len(vals[0])) || !errors.Is(ex[1].Err, client.ErrNotFound) {
 		t.Fatalf("batch exist lease: %v leased=%v %v", ex[0].Err, ex[0].Leased, ex[1].Err)
 	}
-	if err := c.BatchRemove(ex); err != nil || ex[0].Err != nil || !errors.Is(ex[1].Err, client.ErrNotFound) {
+	if err := c.BatchRemove(context.Background(), ex); err != nil || ex[0].Err != nil || !errors.Is(ex[1].Err, client.ErrNotFound) {
 		t.Fatalf("batch remove: %v %v", ex[0].Err, ex[1].Err)
 	}
 }
@@ -253,11 +253,11 @@ func TestMalformedFramesLeaveServerServing(t *testing.T) {
 	check := func(step string) {
 		t.Helper()
 		k := []byte("probe-" + step)
-		if err := healthy.Put(k, []byte(step)); err != nil {
+		if err := healthy.Put(context.Background(), k, []byte(step)); err != nil {
 			t.Fatalf("after %s: server not serving: %v", step, err)
 		}
 		buf := make([]byte, len(step))
-		if err := healthy.Get(k, buf); err != nil || string(buf) != step {
+		if err := healthy.Get(context.Background(), k, buf); err != nil || string(buf) != step {
 			t.Fatalf("after %s: get: %v", step, err)
 		}
 	}
@@ -450,7 +450,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	eng := &slowEngine{Engine: store.NewMem(1 << 20), entered: make(chan struct{}, 1), release: make(chan struct{})}
 	n := startNode(t, server.Config{Engine: eng})
 	c := newClient(t, n.addr, "")
-	if err := c.Put([]byte("k"), []byte("value")); err != nil {
+	if err := c.Put(context.Background(), []byte("k"), []byte("value")); err != nil {
 		t.Fatal(err)
 	}
 	idle := dialRaw(t, n.addr)
@@ -462,7 +462,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	var getErr error
 	buf := make([]byte, 5)
 	wg.Add(1)
-	go func() { defer wg.Done(); getErr = c.Get([]byte("k"), buf) }()
+	go func() { defer wg.Done(); getErr = c.Get(context.Background(), []byte("k"), buf) }()
 	<-eng.entered
 	shut := make(chan error, 1)
 	go func() {

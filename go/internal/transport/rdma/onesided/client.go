@@ -291,7 +291,7 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 
 func (c *Client) breakLocked(err error) error {
 	if !errors.Is(err, ErrBroken) {
-		err = fmt.Errorf("%w: %v", ErrBroken, err)
+		err = fmt.Errorf("%w: %w", ErrBroken, err)
 	}
 	c.broken = err
 	return err
@@ -384,18 +384,18 @@ func (c *Client) postWRs(ctx context.Context, slot int, wrs []verbs.SendWR) erro
 		defer cancel()
 		for c.sqUsed+len(wrs) > c.sqMax {
 			if err := c.reapSend(); err != nil {
-				return fmt.Errorf("%w: %v", ErrBroken, err)
+				return fmt.Errorf("%w: %w", ErrBroken, err)
 			}
 			if c.sqUsed+len(wrs) <= c.sqMax {
 				break
 			}
 			if err := c.scq.Wait(wctx); err != nil {
-				return fmt.Errorf("%w: waiting for send queue room: %v", ErrBroken, err)
+				return fmt.Errorf("%w: waiting for send queue room: %w", ErrBroken, err)
 			}
 		}
 	}
 	if _, err := c.qp.PostSend(wrs); err != nil {
-		return fmt.Errorf("%w: post: %v", ErrBroken, err)
+		return fmt.Errorf("%w: post: %w", ErrBroken, err)
 	}
 	c.sqUsed += len(wrs)
 	c.sqFIFO = append(c.sqFIFO, len(wrs))
@@ -487,7 +487,7 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 	r := c.respBuf.Bytes()[p.slot*c.respB : p.slot*c.respB+int(wc.ByteLen)]
 	resp, err := wire.DecodeResponse(r)
 	if err != nil {
-		return fmt.Errorf("reply prefix: %v", err)
+		return fmt.Errorf("reply prefix: %w", err)
 	}
 	if resp.Op != p.op.Kind {
 		return fmt.Errorf("reply op %s for a %s", resp.Op, p.op.Kind)
@@ -510,7 +510,7 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 		}
 	}
 	if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: uint64(p.slot), SGL: []verbs.SGE{verbs.SGEOf(c.resp, p.slot*c.respB, c.respB)}}}); err != nil {
-		return fmt.Errorf("repost receive: %v", err)
+		return fmt.Errorf("repost receive: %w", err)
 	}
 	if c.v1 {
 		return nil

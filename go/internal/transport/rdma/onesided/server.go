@@ -275,7 +275,7 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 }
 
 func (c *serverConn) fail(format string, a ...any) error {
-	return fmt.Errorf("%w: %s", ErrBroken, fmt.Sprintf(format, a...))
+	return fmt.Errorf("%w: %w", ErrBroken, fmt.Errorf(format, a...))
 }
 
 // recvTag marks receive WR ids, so that completions are told apart even when flushed
@@ -289,7 +289,7 @@ func (c *serverConn) poll() error {
 	for {
 		n, err := c.cq.Poll(wcs[:])
 		if err != nil {
-			return c.fail("cq: %v", err)
+			return c.fail("cq: %w", err)
 		}
 		for i, wc := range wcs[:n] {
 			c.s.M.Completions.Add(1)
@@ -302,7 +302,7 @@ func (c *serverConn) poll() error {
 					}
 				}
 				drainErrors(&c.s.M, c.cq)
-				return c.fail("completion: %v", wc.Err())
+				return c.fail("completion: %w", wc.Err())
 			}
 			if wc.ID&recvTag != 0 {
 				c.pending = append(c.pending, wc)
@@ -365,7 +365,7 @@ func (c *serverConn) loop(ctx context.Context) error {
 		}
 		req, err := wire.DecodeRequest(b[:wire.RequestSize])
 		if err != nil {
-			return c.fail("request prefix: %v", err)
+			return c.fail("request prefix: %w", err)
 		}
 		want := uint32(wire.RequestSize)
 		if req.Op == fb.OpGet || req.Op == fb.OpSgGet {
@@ -390,7 +390,7 @@ func (c *serverConn) loop(ctx context.Context) error {
 			}
 		}
 		if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: recvTag | uint64(slot)}}); err != nil {
-			return c.fail("repost receive: %v", err)
+			return c.fail("repost receive: %w", err)
 		}
 		wrs, resp := c.handle(req, slot, b)
 		r := c.respBuf.Bytes()[slot*wire.ResponseSize : (slot+1)*wire.ResponseSize]
@@ -400,7 +400,7 @@ func (c *serverConn) loop(ctx context.Context) error {
 		c.busy[slot] = true
 		s.M.PinsHeld.Add(1)
 		if _, err := c.qp.PostSend(wrs); err != nil {
-			return c.fail("post reply: %v", err)
+			return c.fail("post reply: %w", err)
 		}
 	}
 }
