@@ -16,6 +16,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
+	"github.com/dfkv/dfkv/go/ring"
 )
 
 // traceOptions are the flags of `dfkv_bench trace`.
@@ -25,6 +26,7 @@ type traceOptions struct {
 	mds            string
 	mdsGroup       string
 	ns             string
+	ringPoints     int
 	blockBytes     cli.Size
 	speed          float64
 	asFast         bool
@@ -106,6 +108,7 @@ func parseTraceFlags(args []string, stderr io.Writer) (*traceOptions, int, bool)
 	fs.StringVar(&o.mds, "mds", "", "MDS endpoints host:port[,host:port...] (instead of --members)")
 	fs.StringVar(&o.mdsGroup, "mds-group", "", "MDS group (default: the client's default)")
 	fs.StringVar(&o.ns, "ns", "trace", "namespace of the replayed blocks")
+	fs.IntVar(&o.ringPoints, "ring-points", 0, "placement ring points per unit of weight (0: the client default; 160: the first releases' ring)")
 	fs.Var(&o.blockBytes, "block-bytes", "bytes of one KV block value (KiB/MiB suffixes)")
 	fs.Float64Var(&o.speed, "speed", 0, "pace request starts at X times the trace's timestamps (0: as fast as possible)")
 	fs.BoolVar(&o.asFast, "as-fast-as-possible", false, "ignore timestamps (the default)")
@@ -208,11 +211,16 @@ func openTraceClient(o *traceOptions) (*client.Client, error) {
 		if err != nil {
 			return nil, err
 		}
-		if ms, err = client.NewStatic(members); err != nil {
+		var ropts []ring.Option
+		if o.ringPoints != 0 {
+			ropts = append(ropts, ring.WithPointsPerWeight(o.ringPoints))
+		}
+		if ms, err = client.NewStatic(members, ropts...); err != nil {
 			return nil, err
 		}
 	} else {
-		m, err := client.NewMDSMembership(client.MDSOptions{Endpoints: strings.Split(o.mds, ","), Group: o.mdsGroup})
+		m, err := client.NewMDSMembership(client.MDSOptions{Endpoints: strings.Split(o.mds, ","), Group: o.mdsGroup,
+			RingPointsPerWeight: o.ringPoints})
 		if err != nil {
 			return nil, err
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/internal/mdsclient"
+	"github.com/dfkv/dfkv/go/ring"
 )
 
 // MDS discovery is linked into every build of the C ABI: dfkv_open_v2 with mds_endpoints
@@ -26,7 +27,23 @@ func init() {
 const (
 	envShrinkPolls = "DFKV_MDS_SHRINK_POLLS" // consecutive polls a >50% shrink must persist (default 3)
 	envCallTimeout = "DFKV_MDS_TIMEOUT_MS"   // per-replica request deadline (default 2000)
+	// The placement ring's density (default ring.PointsPerWeight); 160 routes like the first
+	// releases, for a rolling upgrade.
+	envRingPoints = "DFKV_RING_POINTS_PER_WEIGHT"
 )
+
+// ringPoints returns the density DFKV_RING_POINTS_PER_WEIGHT asks for (0 = the default),
+// validated so a bad value fails dfkv_open_v2 instead of every topology poll.
+func ringPoints() (int, error) {
+	n, err := envInt(envRingPoints, 0)
+	if err != nil || n == 0 {
+		return n, err
+	}
+	if _, err := ring.New(nil, ring.WithPointsPerWeight(n)); err != nil {
+		return 0, fmt.Errorf("%s: %w", envRingPoints, err)
+	}
+	return n, nil
+}
 
 func envInt(name string, def int) (int, error) {
 	v, ok := os.LookupEnv(name)
@@ -73,6 +90,10 @@ func OpenMDS(o *Options) (client.Membership, error) {
 	if err != nil {
 		return nil, err
 	}
+	points, err := ringPoints()
+	if err != nil {
+		return nil, err
+	}
 	tlsCfg, token, err := securityEnv()
 	if err != nil {
 		return nil, err
@@ -84,6 +105,6 @@ func OpenMDS(o *Options) (client.Membership, error) {
 		ShrinkPolls: shrink, CallTimeout: time.Duration(timeoutMS) * time.Millisecond,
 		Register: o.Flags&FlagRegisterWithMDS != 0, ClientID: o.ClientID, Info: info,
 		Heartbeat: time.Duration(o.ClientHeartbeatMS) * time.Millisecond,
-		Logger:    mdsLogger(),
+		Logger:    mdsLogger(), RingPointsPerWeight: points,
 	})
 }
