@@ -451,8 +451,9 @@ func simulatePolicies(w io.Writer, reqs []traceRequest, o *traceOptions) error {
 	}
 	line("infinite", maxHits(reqs))
 	line("lru", lru)
-	line("clock", simulate(reqs, newClock(capBlocks, false)))
-	line("clock-ref-on-insert", simulate(reqs, newClock(capBlocks, true)))
+	line("clock", simulate(reqs, newClock(capBlocks, slabMaxRef, false)))
+	line("clock-bit", simulate(reqs, newClock(capBlocks, 1, false)))
+	line("clock-ref-on-insert", simulate(reqs, newClock(capBlocks, 1, true)))
 	if o.members == "" {
 		return nil
 	}
@@ -472,8 +473,9 @@ func simulatePolicies(w io.Writer, reqs []traceRequest, o *traceOptions) error {
 		mk   func() blockCache
 	}{
 		{"node-lru", func() blockCache { return newLRU(per) }},
-		{"node-clock", func() blockCache { return newClock(per, false) }},
-		{"node-clock-ref-on-insert", func() blockCache { return newClock(per, true) }},
+		{"node-clock", func() blockCache { return newClock(per, slabMaxRef, false) }},
+		{"node-clock-bit", func() blockCache { return newClock(per, 1, false) }},
+		{"node-clock-ref-on-insert", func() blockCache { return newClock(per, 1, true) }},
 	} {
 		p := &partitionedCache{owner: owner}
 		for range v.Members {
