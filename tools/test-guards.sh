@@ -89,6 +89,9 @@ cp "$root/testdata/golden/identity.json" "$gd/identity.json"
 edit ring_owner "$("$py" -c 'import json,sys; g=json.load(open(sys.argv[1])); o=g["vectors"][1]["ring_owner"]; print([n["id"] for n in g["ring"] if n["id"]!=o][0])' "$gd/identity.json")"
 expect fail "golden: edited ring owner" gold
 cp "$root/testdata/golden/identity.json" "$gd/identity.json"
+edit ring1024_owner "$("$py" -c 'import json,sys; g=json.load(open(sys.argv[1])); o=g["vectors"][1]["ring1024_owner"]; print([n["id"] for n in g["ring"] if n["id"]!=o][0])' "$gd/identity.json")"
+expect fail "golden: edited dense-ring owner" gold
+cp "$root/testdata/golden/identity.json" "$gd/identity.json"
 edit tenant_hash 0000000000000000
 expect fail "golden: edited tenant hash" gold
 

@@ -18,6 +18,7 @@ import (
 	"github.com/dfkv/dfkv/go/internal/mdsclient"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
+	"github.com/dfkv/dfkv/go/ring"
 )
 
 // MDSOptions configure MDS discovery (and, optionally, client registration).
@@ -48,6 +49,9 @@ type MDSOptions struct {
 	// call to an MDS run with --auth-tokens.
 	TLS   *tls.Config
 	Token string
+	// RingPointsPerWeight is the placement ring's density (0 = ring.PointsPerWeight).
+	// Every client of a cluster must use the same value.
+	RingPointsPerWeight int
 }
 
 // MDSMembership follows a group's topology through the MDS. It swaps in a new View
@@ -92,6 +96,13 @@ type recentView struct {
 // ErrNoMDS: MDS discovery was asked for without endpoints.
 var ErrNoMDS = errors.New("dfkv: no MDS endpoints")
 
+func (m *MDSMembership) ringOpts() []ring.Option {
+	if m.o.RingPointsPerWeight == 0 {
+		return nil
+	}
+	return []ring.Option{ring.WithPointsPerWeight(m.o.RingPointsPerWeight)}
+}
+
 // NewMDSMembership fetches the topology once (bounded by InitialWait) and starts polling.
 func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	if len(o.Endpoints) == 0 {
@@ -99,6 +110,11 @@ func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	}
 	if o.Group == "" {
 		o.Group = "default"
+	}
+	if o.RingPointsPerWeight != 0 {
+		if _, err := ring.New(nil, ring.WithPointsPerWeight(o.RingPointsPerWeight)); err != nil {
+			return nil, fmt.Errorf("dfkv: %w", err)
+		}
 	}
 	if o.Poll <= 0 {
 		o.Poll = 3 * time.Second
@@ -266,7 +282,7 @@ func (m *MDSMembership) apply(topo *wire.Topology) error {
 		}
 	}
 	m.shrinkSeen = 0
-	v, err := NewView(members, topo.MembersEpoch)
+	v, err := NewView(members, topo.MembersEpoch, m.ringOpts()...)
 	if err != nil {
 		return fmt.Errorf("dfkv: topology from the MDS rejected, keeping the last good ring: %w", err)
 	}

@@ -24,8 +24,9 @@ type View struct {
 	Epoch   uint64
 }
 
-// NewView builds a view over members.
-func NewView(members []Member, epoch uint64) (*View, error) {
+// NewView builds a view over members. Options set the ring's density (ring.WithPointsPerWeight);
+// every client of a cluster must build its views alike.
+func NewView(members []Member, epoch uint64, opts ...ring.Option) (*View, error) {
 	nodes := make([]ring.Node, len(members))
 	for i, m := range members {
 		if _, _, err := net.SplitHostPort(m.Addr); err != nil {
@@ -33,7 +34,7 @@ func NewView(members []Member, epoch uint64) (*View, error) {
 		}
 		nodes[i] = ring.Node{ID: m.ID, Weight: m.Weight}
 	}
-	r, err := ring.New(nodes)
+	r, err := ring.New(nodes, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dfkv: %w", err)
 	}
@@ -68,8 +69,8 @@ type Membership interface {
 type Static struct{ v atomic.Pointer[View] }
 
 // NewStatic returns a fixed membership over members.
-func NewStatic(members []Member) (*Static, error) {
-	v, err := NewView(members, 1)
+func NewStatic(members []Member, opts ...ring.Option) (*Static, error) {
+	v, err := NewView(members, 1, opts...)
 	if err != nil {
 		return nil, err
 	}

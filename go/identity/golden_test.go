@@ -30,7 +30,8 @@ type goldenVector struct {
 	TenantHex    string          `json:"tenant_hex"`
 	ObjectID     string          `json:"object_id"`
 	TenantHash   string          `json:"tenant_hash"`
-	RingOwner    string          `json:"ring_owner"`
+	RingOwner    string          `json:"ring_owner"`     // the legacy 160-point placement ring
+	Ring1024     string          `json:"ring1024_owner"` // the default placement ring
 	DiskOwner    string          `json:"disk_owner"`
 }
 
@@ -47,7 +48,11 @@ func compute(t *testing.T, g *goldenFile) []goldenVector {
 	for i, n := range g.Ring {
 		nodes[i] = ring.Node{ID: n.ID, Weight: n.Weight}
 	}
-	r, err := ring.New(nodes)
+	r, err := ring.New(nodes, ring.WithPointsPerWeight(ring.LegacyPointsPerWeight))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1024, err := ring.New(nodes) // the default density
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +60,8 @@ func compute(t *testing.T, g *goldenFile) []goldenVector {
 	for i, n := range g.Disks {
 		disks[i] = ring.Node{ID: n.ID, Weight: n.Weight}
 	}
-	dr, err := ring.New(disks)
+	// The disk ring keeps the legacy density (go/internal/store/group).
+	dr, err := ring.New(disks, ring.WithPointsPerWeight(ring.LegacyPointsPerWeight))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +77,7 @@ func compute(t *testing.T, g *goldenFile) []goldenVector {
 		v.ObjectID = id.String()
 		v.TenantHash = fmt.Sprintf("%016x", identity.Tenant(ten))
 		_, v.RingOwner = r.Owner(id.Hi)
+		_, v.Ring1024 = r1024.Owner(id.Hi)
 		_, v.DiskOwner = dr.Owner(id.Lo)
 		out[i] = v
 	}
@@ -91,10 +98,11 @@ func TestGolden(t *testing.T) {
 	}
 	got := compute(t, &g)
 	for i, v := range g.Vectors {
-		if got[i].ObjectID != v.ObjectID || got[i].TenantHash != v.TenantHash || got[i].RingOwner != v.RingOwner || got[i].DiskOwner != v.DiskOwner {
-			t.Errorf("vector %q: got id=%s tenant=%s owner=%s disk=%s, golden id=%s tenant=%s owner=%s disk=%s",
-				v.Name, got[i].ObjectID, got[i].TenantHash, got[i].RingOwner, got[i].DiskOwner,
-				v.ObjectID, v.TenantHash, v.RingOwner, v.DiskOwner)
+		if got[i].ObjectID != v.ObjectID || got[i].TenantHash != v.TenantHash || got[i].RingOwner != v.RingOwner ||
+			got[i].Ring1024 != v.Ring1024 || got[i].DiskOwner != v.DiskOwner {
+			t.Errorf("vector %q: got id=%s tenant=%s owner=%s owner1024=%s disk=%s, golden id=%s tenant=%s owner=%s owner1024=%s disk=%s",
+				v.Name, got[i].ObjectID, got[i].TenantHash, got[i].RingOwner, got[i].Ring1024, got[i].DiskOwner,
+				v.ObjectID, v.TenantHash, v.RingOwner, v.Ring1024, v.DiskOwner)
 		}
 	}
 }

@@ -9,12 +9,34 @@ import (
 	"strconv"
 )
 
-// PointsPerWeight is the number of ring points a node of weight 1 receives. Each SHA-256
-// digest yields four 64-bit points, so a weight-1 node costs 40 digests.
-const PointsPerWeight = 160
+// PointsPerWeight is the number of placement-ring points a node of weight 1 receives by
+// default. Each SHA-256 digest yields four 64-bit points, so a weight-1 node costs 256
+// digests. 1,024 points keep every node's key share within a few percent of its weight's
+// share; with 160 points (LegacyPointsPerWeight) three equal nodes split the keys of a real
+// trace 31.9/36.5/31.6%, and the overloaded node's evictions cost the whole cluster hits.
+const PointsPerWeight = 1024
 
-// MaxWeight bounds a node's weight so that a bad configuration cannot allocate a huge ring.
-const MaxWeight = 1000
+// LegacyPointsPerWeight is the density of the first releases' placement ring and of the
+// intra-node disk ring (whose placement is on disk and must not move). Clients that must
+// route like an older client during a rolling upgrade select it with WithPointsPerWeight.
+const LegacyPointsPerWeight = 160
+
+// MaxPointsPerWeight bounds WithPointsPerWeight.
+const MaxPointsPerWeight = 4096
+
+// MaxWeight bounds a node's weight so that a bad configuration cannot allocate a huge ring:
+// weights are relative, and 100 × 1,024 points already cost 1.6 MB per node.
+const MaxWeight = 100
+
+// Option configures New.
+type Option func(*config)
+
+type config struct{ pointsPerWeight int }
+
+// WithPointsPerWeight sets the ring's density: a multiple of 4 in 4..MaxPointsPerWeight.
+// Every client of a cluster must use the same density, or they route keys differently
+// (a misrouted read is a miss, never wrong bytes).
+func WithPointsPerWeight(n int) Option { return func(c *config) { c.pointsPerWeight = n } }
 
 // Node is one ring member.
 type Node struct {
@@ -29,13 +51,22 @@ type point struct {
 
 // Ring is immutable once built and safe for concurrent use.
 type Ring struct {
-	nodes  []Node
-	points []point
+	nodes           []Node
+	points          []point
+	pointsPerWeight int
 }
 
 // New builds a ring. Node ids must be unique and non-empty; weights must be 1..MaxWeight.
-func New(nodes []Node) (*Ring, error) {
-	r := &Ring{nodes: append([]Node(nil), nodes...)}
+func New(nodes []Node, opts ...Option) (*Ring, error) {
+	cfg := config{pointsPerWeight: PointsPerWeight}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ppw := cfg.pointsPerWeight
+	if ppw < 4 || ppw > MaxPointsPerWeight || ppw%4 != 0 {
+		return nil, fmt.Errorf("ring: %d points per weight: want a multiple of 4 in 4..%d", ppw, MaxPointsPerWeight)
+	}
+	r := &Ring{nodes: append([]Node(nil), nodes...), pointsPerWeight: ppw}
 	sort.Slice(r.nodes, func(i, j int) bool { return r.nodes[i].ID < r.nodes[j].ID })
 	total := 0
 	for i, n := range r.nodes {
@@ -48,11 +79,11 @@ func New(nodes []Node) (*Ring, error) {
 		if n.Weight < 1 || n.Weight > MaxWeight {
 			return nil, fmt.Errorf("ring: node %q weight %d out of range 1..%d", n.ID, n.Weight, MaxWeight)
 		}
-		total += int(n.Weight) * PointsPerWeight
+		total += int(n.Weight) * ppw
 	}
 	r.points = make([]point, 0, total)
 	for i, n := range r.nodes {
-		digests := int(n.Weight) * PointsPerWeight / 4
+		digests := int(n.Weight) * ppw / 4
 		buf := make([]byte, 0, len(n.ID)+12)
 		for d := 0; d < digests; d++ {
 			buf = append(buf[:0], n.ID...)
@@ -76,6 +107,9 @@ func New(nodes []Node) (*Ring, error) {
 
 // Len returns the number of nodes.
 func (r *Ring) Len() int { return len(r.nodes) }
+
+// PointsPerWeight returns the ring's density.
+func (r *Ring) PointsPerWeight() int { return r.pointsPerWeight }
 
 // Nodes returns the members sorted by id.
 func (r *Ring) Nodes() []Node { return append([]Node(nil), r.nodes...) }

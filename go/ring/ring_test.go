@@ -19,20 +19,29 @@ func sampleOwners(r *Ring, n int, seed uint64) map[string]int {
 	return out
 }
 
-func mustNew(t *testing.T, nodes []Node) *Ring {
+func mustNew(t *testing.T, nodes []Node, opts ...Option) *Ring {
 	t.Helper()
-	r, err := New(nodes)
+	r, err := New(nodes, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-// The tolerance this package promises: with PointsPerWeight = 160, every node's share of
-// keys is within 25% (relative) of weight/total for rings of up to 16 nodes and weights up
-// to 8. Measured by routing keys, not by Shares (which uses the same points).
+// The tolerance this package promises: every node's share of keys is within 8% (relative)
+// of weight/total with the default 1,024 points per weight, and within 25% with the legacy
+// 160, for rings of up to 16 nodes and weights up to 8. Measured by routing keys, not by
+// Shares (which uses the same points).
 func TestWeightedShares(t *testing.T) {
-	const tolerance = 0.25
+	for _, d := range []struct {
+		ppw       int
+		tolerance float64
+	}{{PointsPerWeight, 0.08}, {LegacyPointsPerWeight, 0.25}} {
+		t.Run(fmt.Sprintf("ppw=%d", d.ppw), func(t *testing.T) { testWeightedShares(t, d.ppw, d.tolerance) })
+	}
+}
+
+func testWeightedShares(t *testing.T, ppw int, tolerance float64) {
 	tests := []struct {
 		name    string
 		weights []uint32
@@ -51,7 +60,10 @@ func TestWeightedShares(t *testing.T) {
 				nodes = append(nodes, Node{ID: fmt.Sprintf("node-%02d", i), Weight: w})
 				total += float64(w)
 			}
-			r := mustNew(t, nodes)
+			r := mustNew(t, nodes, WithPointsPerWeight(ppw))
+			if r.PointsPerWeight() != ppw {
+				t.Fatalf("PointsPerWeight = %d, want %d", r.PointsPerWeight(), ppw)
+			}
 			const n = 400_000
 			counts := sampleOwners(r, n, 7)
 			shares := r.Shares()
@@ -158,15 +170,19 @@ func TestNewRejects(t *testing.T) {
 		name  string
 		nodes []Node
 		want  string
+		opts  []Option
 	}{
-		{"empty id", []Node{{"", 1}}, "empty node id"},
-		{"duplicate", []Node{{"a", 1}, {"a", 2}}, "duplicate"},
-		{"zero weight", []Node{{"a", 0}}, "out of range"},
-		{"huge weight", []Node{{"a", MaxWeight + 1}}, "out of range"},
+		{"empty id", []Node{{"", 1}}, "empty node id", nil},
+		{"duplicate", []Node{{"a", 1}, {"a", 2}}, "duplicate", nil},
+		{"zero weight", []Node{{"a", 0}}, "out of range", nil},
+		{"huge weight", []Node{{"a", MaxWeight + 1}}, "out of range", nil},
+		{"density not a multiple of 4", []Node{{"a", 1}}, "points per weight", []Option{WithPointsPerWeight(162)}},
+		{"density zero", []Node{{"a", 1}}, "points per weight", []Option{WithPointsPerWeight(0)}},
+		{"density too high", []Node{{"a", 1}}, "points per weight", []Option{WithPointsPerWeight(MaxPointsPerWeight + 4)}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := New(tc.nodes); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := New(tc.nodes, tc.opts...); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("New = %v, want an error mentioning %q", err, tc.want)
 			}
 		})

@@ -1,7 +1,8 @@
 """Weighted Ketama ring, identical to ``go/ring`` (checked by the shared golden vectors).
 
-A node of weight w gets ``160*w`` points: 40*w SHA-256 digests of ``f"{id}#{d}"``
-(d = 0, 1, ...), each split into four little-endian u64 points. Points are sorted by
+A node of weight w gets ``P*w`` points (P = points per weight: 1,024 by default, 160 for the
+first releases' placement ring and for the disk ring): P*w/4 SHA-256 digests of
+``f"{id}#{d}"`` (d = 0, 1, ...), each split into four little-endian u64 points. Points are sorted by
 (hash, node index) with nodes indexed in id order, so ties resolve identically in every
 language. The owner of position h is the node of the first point >= h, wrapping around.
 
@@ -17,10 +18,12 @@ import hashlib
 import struct
 from typing import Dict, Iterable, List, NamedTuple, Tuple, Union
 
-__all__ = ["Node", "Ring", "POINTS_PER_WEIGHT", "MAX_WEIGHT"]
+__all__ = ["Node", "Ring", "POINTS_PER_WEIGHT", "LEGACY_POINTS_PER_WEIGHT", "MAX_POINTS_PER_WEIGHT", "MAX_WEIGHT"]
 
-POINTS_PER_WEIGHT = 160
-MAX_WEIGHT = 1000
+POINTS_PER_WEIGHT = 1024
+LEGACY_POINTS_PER_WEIGHT = 160
+MAX_POINTS_PER_WEIGHT = 4096
+MAX_WEIGHT = 100
 
 _POINTS = struct.Struct("<4Q")
 
@@ -38,7 +41,12 @@ def _id_key(node_id: str) -> bytes:
 class Ring:
     """Immutable ring over nodes given as ``Node``, ``(id, weight)`` pairs or bare ids."""
 
-    def __init__(self, nodes: Iterable[Union[Node, Tuple[str, int], str]]):
+    def __init__(self, nodes: Iterable[Union[Node, Tuple[str, int], str]],
+                 points_per_weight: int = POINTS_PER_WEIGHT):
+        ppw = points_per_weight
+        if isinstance(ppw, bool) or not isinstance(ppw, int) or not 4 <= ppw <= MAX_POINTS_PER_WEIGHT or ppw % 4:
+            raise ValueError(f"ring: {ppw!r} points per weight: want a multiple of 4 in 4..{MAX_POINTS_PER_WEIGHT}")
+        self.points_per_weight = ppw
         norm: List[Node] = []
         for n in nodes:
             norm.append(Node(n, 1) if isinstance(n, str) else Node(*n))
@@ -54,7 +62,7 @@ class Ring:
         points: List[Tuple[int, int]] = []
         for idx, n in enumerate(norm):
             prefix = _id_key(n.id) + b"#"
-            for d in range(n.weight * POINTS_PER_WEIGHT // 4):
+            for d in range(n.weight * ppw // 4):
                 digest = hashlib.sha256(prefix + str(d).encode("ascii")).digest()
                 for h in _POINTS.unpack_from(digest):
                     points.append((h, idx))

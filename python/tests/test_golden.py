@@ -12,11 +12,12 @@ import pytest
 from conftest import GOLDEN
 
 from dfkv.identity import Namespace, ObjectKey, object_id, tenant_hash
-from dfkv.ring import Ring
+from dfkv.ring import LEGACY_POINTS_PER_WEIGHT, Ring
 
 DATA = json.loads(GOLDEN.read_text())
-NODE_RING = Ring([(n["id"], n["weight"]) for n in DATA["ring"]])
-DISK_RING = Ring([(n["id"], n["weight"]) for n in DATA["disks"]])
+NODE_RING = Ring([(n["id"], n["weight"]) for n in DATA["ring"]], LEGACY_POINTS_PER_WEIGHT)
+NODE_RING_1024 = Ring([(n["id"], n["weight"]) for n in DATA["ring"]])  # the default density
+DISK_RING = Ring([(n["id"], n["weight"]) for n in DATA["disks"]], LEGACY_POINTS_PER_WEIGHT)
 VECTORS = DATA["vectors"]
 STRUCTURED = [v for v in VECTORS if v.get("structured")]
 
@@ -29,12 +30,13 @@ def test_file_has_enough_vectors():
 
 @pytest.mark.parametrize("v", VECTORS, ids=[v["name"] for v in VECTORS])
 def test_outputs(v):
-    for f in ("object_id", "tenant_hash", "ring_owner", "disk_owner"):
+    for f in ("object_id", "tenant_hash", "ring_owner", "ring1024_owner", "disk_owner"):
         assert v[f], f"{v['name']}: {f} is empty; run testdata/golden/gen_golden.py --write for a new vector"
     oid = object_id(bytes.fromhex(v["namespace_hex"]), bytes.fromhex(v["key_hex"]))
     assert oid.hex() == v["object_id"]
     assert f"{tenant_hash(bytes.fromhex(v['tenant_hex'])):016x}" == v["tenant_hash"]
     assert NODE_RING.owner(oid.hi)[1] == v["ring_owner"]
+    assert NODE_RING_1024.owner(oid.hi)[1] == v["ring1024_owner"]
     assert DISK_RING.owner(oid.lo)[1] == v["disk_owner"]
 
 

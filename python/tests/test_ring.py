@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from dfkv.ring import MAX_WEIGHT, POINTS_PER_WEIGHT, Node, Ring
+from dfkv.ring import LEGACY_POINTS_PER_WEIGHT, MAX_WEIGHT, POINTS_PER_WEIGHT, Node, Ring
 
 
 def test_empty_ring():
@@ -38,6 +38,13 @@ def test_points_follow_definition():
     r = Ring([("n1", 1), ("n2", 1)])
     assert r.owner(h) == (0, "n1")
     assert len(r._hashes) == 2 * POINTS_PER_WEIGHT
+    assert len(Ring([("n1", 1), ("n2", 3)], LEGACY_POINTS_PER_WEIGHT)._hashes) == 4 * LEGACY_POINTS_PER_WEIGHT
+
+
+@pytest.mark.parametrize("ppw", [0, 2, 162, 8192, True, "1024"])
+def test_rejects_bad_density(ppw):
+    with pytest.raises(ValueError):
+        Ring(["a"], ppw)
 
 
 def test_wraps_past_last_point():

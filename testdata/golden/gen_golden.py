@@ -8,11 +8,14 @@ imports neither go/ nor the dfkv Python package. The contract:
   object id    = SHA-256( u64le(len ns) ns u64le(len key) key )[0:16], printed as 32 hex digits;
                  hi = bytes 0..7 and lo = bytes 8..15, each read big-endian.
   tenant hash  = SHA-256( "DFKVTENANT1" u64le(len t) t )[0:8], printed as 16 hex digits.
-  ring         = weighted Ketama: a node of weight w gets 40*w SHA-256 digests of
-                 utf8(id) "#" decimal(d), d = 0..40w-1; each digest is four u64le points.
+  ring(P)      = weighted Ketama with P points per weight: a node of weight w gets P*w/4
+                 SHA-256 digests of utf8(id) "#" decimal(d), d = 0..P*w/4-1; each digest
+                 is four u64le points.
                  Points sort by (point, node index), nodes indexed in id byte order.
                  owner(h) = node of the first point >= h, wrapping to the first point.
-  ring_owner   = owner(hi) over "ring"; disk_owner = owner(lo) over "disks".
+  ring_owner   = owner(hi) over "ring" with P = 160 (the first releases' placement ring,
+                 still selectable), ring1024_owner = owner(hi) over "ring" with P = 1024
+                 (the default placement ring); disk_owner = owner(lo) over "disks", P = 160.
 
 Inputs (namespace_hex, key_hex, tenant_hex, ring, disks, and the Python codec's "structured"
 records) are hand-written; outputs are recomputed here.
@@ -31,7 +34,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUTPUTS = ("object_id", "tenant_hash", "ring_owner", "disk_owner")
+OUTPUTS = ("object_id", "tenant_hash", "ring_owner", "ring1024_owner", "disk_owner")
 
 
 def u64le(n: int) -> bytes:
@@ -47,12 +50,12 @@ def tenant_hash(t: bytes) -> bytes:
 
 
 class Ketama:
-    def __init__(self, nodes):
+    def __init__(self, nodes, points_per_weight=160):
         ids = sorted((n["id"] for n in nodes), key=lambda s: s.encode("utf-8"))
         weight = {n["id"]: n["weight"] for n in nodes}
         pts = []
         for idx, nid in enumerate(ids):
-            for d in range(40 * weight[nid]):
+            for d in range(points_per_weight // 4 * weight[nid]):
                 dig = hashlib.sha256(nid.encode("utf-8") + b"#" + str(d).encode("ascii")).digest()
                 for k in range(4):
                     pts.append((int.from_bytes(dig[8 * k:8 * k + 8], "little"), idx))
@@ -70,12 +73,14 @@ class Ketama:
 
 def compute(g: dict) -> dict:
     ring, disks = Ketama(g["ring"]), Ketama(g["disks"])
+    ring1024 = Ketama(g["ring"], 1024)
     out = json.loads(json.dumps(g))  # deep copy, same key order
     for v in out["vectors"]:
         oid = object_id(bytes.fromhex(v["namespace_hex"]), bytes.fromhex(v["key_hex"]))
         v["object_id"] = oid.hex()
         v["tenant_hash"] = tenant_hash(bytes.fromhex(v["tenant_hex"])).hex()
         v["ring_owner"] = ring.owner(int.from_bytes(oid[:8], "big"))
+        v["ring1024_owner"] = ring1024.owner(int.from_bytes(oid[:8], "big"))
         v["disk_owner"] = disks.owner(int.from_bytes(oid[8:], "big"))
     return out
 

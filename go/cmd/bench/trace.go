@@ -25,6 +25,9 @@ type traceRequest struct {
 // maxTraceLine bounds one JSON line (the shipped trace's longest is ~1.7 KiB).
 const maxTraceLine = 16 << 20
 
+// slabMaxRef is go/internal/store/slab's maxRef, the cap of its CLOCK reference count.
+const slabMaxRef = 3
+
 // loadTrace reads a trace file, plain or gzip-compressed (detected by its magic bytes).
 func loadTrace(path string) ([]traceRequest, error) {
 	f, err := os.Open(path)
@@ -212,30 +215,33 @@ func lruHits(reqs []traceRequest, capacityBlocks int) int64 {
 func maxHits(reqs []traceRequest) int64 { return simulate(reqs, infiniteCache{}) }
 
 // clockCache models the slab engine's eviction within one size class: slots in a ring, a
-// hand that skips (and clears) referenced slots and evicts the first unreferenced live
-// one; a hit sets the bit. refOnInsert says whether a stored value starts referenced (the
-// slab before issue 18) or not (the slab now). Like the slab, a rewrite of a present
-// block takes a new slot first (a free one, else the hand's victim) and only then frees
-// its old slot, which the next insert reuses (the free list is last in, first out).
+// hand that skips referenced slots (taking one reference away) and evicts the first
+// unreferenced live one; a hit adds a reference, up to maxRef (the slab's generalized
+// CLOCK uses 3; maxRef 1 is a plain reference bit). refOnInsert says whether a stored value
+// starts with one reference (the slab before issue 18) or none (the slab now). Like the
+// slab, a rewrite of a present block takes a new slot first (a free one, else the hand's
+// victim) and only then frees its old slot, which the next insert reuses (the free list
+// is last in, first out).
 type clockCache struct {
 	capacity    int
+	maxRef      uint8
 	refOnInsert bool
 	ids         []uint64
-	ref         []bool
+	ref         []uint8
 	live        []bool
 	free        []int
 	idx         map[uint64]int
 	hand        int
 }
 
-func newClock(capacity int, refOnInsert bool) *clockCache {
-	return &clockCache{capacity: capacity, refOnInsert: refOnInsert, idx: make(map[uint64]int, capacity)}
+func newClock(capacity int, maxRef uint8, refOnInsert bool) *clockCache {
+	return &clockCache{capacity: capacity, maxRef: max(maxRef, 1), refOnInsert: refOnInsert, idx: make(map[uint64]int, capacity)}
 }
 
 func (c *clockCache) hit(id uint64) bool {
 	i, ok := c.idx[id]
-	if ok {
-		c.ref[i] = true
+	if ok && c.ref[i] < c.maxRef {
+		c.ref[i]++
 	}
 	return ok
 }
@@ -252,20 +258,25 @@ func (c *clockCache) store(id uint64) {
 		c.free = c.free[:len(c.free)-1]
 	case len(c.ids) < c.capacity:
 		i = len(c.ids)
-		c.ids, c.ref, c.live = append(c.ids, 0), append(c.ref, false), append(c.live, false)
+		c.ids, c.ref, c.live = append(c.ids, 0), append(c.ref, 0), append(c.live, false)
 	default:
-		for !c.live[c.hand] || c.ref[c.hand] {
-			c.ref[c.hand] = false
+		for !c.live[c.hand] || c.ref[c.hand] > 0 {
+			if c.ref[c.hand] > 0 {
+				c.ref[c.hand]--
+			}
 			c.hand = (c.hand + 1) % c.capacity
 		}
 		i = c.hand
 		delete(c.idx, c.ids[i])
 		c.hand = (c.hand + 1) % c.capacity
 	}
-	c.ids[i], c.ref[i], c.live[i] = id, c.refOnInsert, true
+	c.ids[i], c.ref[i], c.live[i] = id, 0, true
+	if c.refOnInsert {
+		c.ref[i] = 1
+	}
 	c.idx[id] = i
 	if rewrite && old != i {
-		c.live[old], c.ref[old] = false, false
+		c.live[old], c.ref[old] = false, 0
 		c.free = append(c.free, old)
 	}
 }

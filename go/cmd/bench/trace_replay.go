@@ -17,6 +17,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
+	"github.com/dfkv/dfkv/go/ring"
 )
 
 // traceOptions are the flags of `dfkv_bench trace`.
@@ -26,6 +27,7 @@ type traceOptions struct {
 	mds            string
 	mdsGroup       string
 	ns             string
+	ringPoints     int
 	blockBytes     cli.Size
 	speed          float64
 	asFast         bool
@@ -107,6 +109,7 @@ func parseTraceFlags(args []string, stderr io.Writer) (*traceOptions, int, bool)
 	fs.StringVar(&o.mds, "mds", "", "MDS endpoints host:port[,host:port...] (instead of --members)")
 	fs.StringVar(&o.mdsGroup, "mds-group", "", "MDS group (default: the client's default)")
 	fs.StringVar(&o.ns, "ns", "trace", "namespace of the replayed blocks")
+	fs.IntVar(&o.ringPoints, "ring-points", 0, "placement ring points per unit of weight (0: the client default; 160: the first releases' ring)")
 	fs.Var(&o.blockBytes, "block-bytes", "bytes of one KV block value (KiB/MiB suffixes)")
 	fs.Float64Var(&o.speed, "speed", 0, "pace request starts at X times the trace's timestamps (0: as fast as possible)")
 	fs.BoolVar(&o.asFast, "as-fast-as-possible", false, "ignore timestamps (the default)")
@@ -209,11 +212,16 @@ func openTraceClient(o *traceOptions) (*client.Client, error) {
 		if err != nil {
 			return nil, err
 		}
-		if ms, err = client.NewStatic(members); err != nil {
+		var ropts []ring.Option
+		if o.ringPoints != 0 {
+			ropts = append(ropts, ring.WithPointsPerWeight(o.ringPoints))
+		}
+		if ms, err = client.NewStatic(members, ropts...); err != nil {
 			return nil, err
 		}
 	} else {
-		m, err := client.NewMDSMembership(client.MDSOptions{Endpoints: strings.Split(o.mds, ","), Group: o.mdsGroup})
+		m, err := client.NewMDSMembership(client.MDSOptions{Endpoints: strings.Split(o.mds, ","), Group: o.mdsGroup,
+			RingPointsPerWeight: o.ringPoints})
 		if err != nil {
 			return nil, err
 		}
@@ -444,8 +452,9 @@ func simulatePolicies(w io.Writer, reqs []traceRequest, o *traceOptions) error {
 	}
 	line("infinite", maxHits(reqs))
 	line("lru", lru)
-	line("clock", simulate(reqs, newClock(capBlocks, false)))
-	line("clock-ref-on-insert", simulate(reqs, newClock(capBlocks, true)))
+	line("clock", simulate(reqs, newClock(capBlocks, slabMaxRef, false)))
+	line("clock-bit", simulate(reqs, newClock(capBlocks, 1, false)))
+	line("clock-ref-on-insert", simulate(reqs, newClock(capBlocks, 1, true)))
 	if o.members == "" {
 		return nil
 	}
@@ -465,8 +474,9 @@ func simulatePolicies(w io.Writer, reqs []traceRequest, o *traceOptions) error {
 		mk   func() blockCache
 	}{
 		{"node-lru", func() blockCache { return newLRU(per) }},
-		{"node-clock", func() blockCache { return newClock(per, false) }},
-		{"node-clock-ref-on-insert", func() blockCache { return newClock(per, true) }},
+		{"node-clock", func() blockCache { return newClock(per, slabMaxRef, false) }},
+		{"node-clock-bit", func() blockCache { return newClock(per, 1, false) }},
+		{"node-clock-ref-on-insert", func() blockCache { return newClock(per, 1, true) }},
 	} {
 		p := &partitionedCache{owner: owner}
 		for range v.Members {

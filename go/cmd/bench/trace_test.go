@@ -297,7 +297,7 @@ func TestClockModel(t *testing.T) {
 		}
 	}
 	// New values unreferenced: a read value survives the sweep, the unread one goes.
-	c := newClock(2, false)
+	c := newClock(2, 1, false)
 	c.store(1)
 	c.store(2)
 	c.hit(1)
@@ -306,14 +306,14 @@ func TestClockModel(t *testing.T) {
 	c.store(4) // hand 0: 1 evicted (its bit was cleared)
 	has(c, 3, 4)
 	// Referenced on insert: everything survives one sweep, then the oldest goes.
-	c = newClock(2, true)
+	c = newClock(2, 1, true)
 	c.store(1)
 	c.store(2)
 	c.store(3) // clears 1 and 2, evicts 1
 	has(c, 2, 3)
 	// A rewrite takes a new slot first (evicting the hand's victim), then frees its old
 	// slot, which the next insert fills without evicting.
-	c = newClock(3, false)
+	c = newClock(3, 1, false)
 	c.store(1)
 	c.store(2)
 	c.store(3)
@@ -327,7 +327,24 @@ func TestClockModel(t *testing.T) {
 	if c.hit(2) || c.hit(4) || !c.hit(5) {
 		t.Fatal("hit reports the wrong blocks")
 	}
-	if z := newClock(0, false); func() bool { z.store(1); return z.hit(1) }() {
+	// Counted references (the slab's maxRef 3): a block read twice survives two passes of
+	// the hand, one read once survives one.
+	c = newClock(3, 3, false)
+	c.store(1)
+	c.store(2)
+	c.store(3)
+	c.hit(1)
+	c.hit(1)
+	c.hit(2)
+	c.store(4) // hand 0: 1 (2→1); hand 1: 2 (1→0); hand 2: 3 evicted
+	has(c, 1, 2, 4)
+	c.store(5) // hand 0: 1 (1→0); hand 1: 2 evicted
+	has(c, 1, 4, 5)
+	c.store(6) // hand 2: 4 evicted (never read)
+	has(c, 1, 5, 6)
+	c.store(7) // hand 0: 1 evicted (its references are used up)
+	has(c, 5, 6, 7)
+	if z := newClock(0, slabMaxRef, false); func() bool { z.store(1); return z.hit(1) }() {
 		t.Fatal("a zero-capacity cache holds a block")
 	}
 }
@@ -344,7 +361,7 @@ func TestSimulateFlag(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	for _, want := range []string{"policy=infinite capacity_blocks=3 hits=9 ", "policy=lru capacity_blocks=3 hits=6 ",
-		"policy=clock ", "policy=clock-ref-on-insert ", "policy=node-lru ", "policy=node-clock ", "node_key_shares="} {
+		"policy=clock ", "policy=clock-bit ", "policy=clock-ref-on-insert ", "policy=node-lru ", "policy=node-clock ", "node_key_shares="} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

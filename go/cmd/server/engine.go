@@ -28,9 +28,9 @@ type engineConfig struct {
 // far under its capacity: aim for 4 extents per size class, but never below the largest
 // value (a slot must fit in an extent) and never above the 256 MiB default. Small caches
 // with a large --max-msg therefore get few extents; docs/DEPLOY notes to lower --max-msg.
-// The size is then adjusted so that whole extents tile the share: the remainder of
-// share/extent is never used, and with 64 MiB extents that was up to half of a small
-// cache (a 125 MB share held one 64 MiB extent).
+// The size is then adjusted so that whole extents, and whole slots in them, tile the
+// share: the remainder of share/extent is never used, and with 64 MiB extents that was up
+// to half of a small cache (a 125 MB share held one 64 MiB extent).
 const (
 	extentsPerClass = 4
 	maxAutoExtent   = 256 << 20
@@ -64,12 +64,34 @@ func autoExtent(share, maxValue int64) int64 {
 	if e <= 0 || share < e {
 		return e
 	}
-	// More, slightly smaller extents when that still holds the largest value, else fewer,
-	// slightly larger ones.
-	if n := (share + e - 1) / e; (share/n)&^4095 >= floor {
-		return (share / n) &^ 4095
+	// Tile the share with whole extents, each a multiple of the quantum q so that every
+	// power-of-two size class up to q fills an extent exactly: a 2,113,536-byte extent
+	// holds 32 slots of 64 KiB and wastes 0.8% of the cache, a 2,228,224-byte one wastes
+	// nothing. Among extent counts from the target down to half of it (never an extent
+	// under the largest value or over the default), take the least waste; ties go to
+	// more, smaller extents.
+	q := int64(64 << 10)
+	for q > 4096 && q > floor {
+		q /= 2
 	}
-	return (share / (share / e)) &^ 4095
+	target := (share + e - 1) / e
+	best, bestWaste := e, share-(share/e)*e
+	for n := target; n >= max(1, target/2); n-- {
+		x := (share / n) &^ (q - 1)
+		if x < floor {
+			continue
+		}
+		if x > maxAutoExtent {
+			break
+		}
+		if w := share - n*x; w < bestWaste {
+			best, bestWaste = x, w
+		}
+		if bestWaste < q {
+			break
+		}
+	}
+	return best
 }
 
 // slabMaxValue is the slab engine's largest value for a disk's share: no value larger

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/internal/version"
+	"github.com/dfkv/dfkv/go/ring"
 )
 
 // ABI constants mirrored from dfkv.h.
@@ -124,8 +125,15 @@ func open(o *Options) (*Handle, error) {
 	switch {
 	case strings.TrimSpace(o.Members) != "":
 		var members []client.Member
+		var points int
 		if members, err = client.ParseMembers(o.Members); err == nil {
-			ms, err = client.NewStatic(members)
+			if points, err = ringPoints(); err == nil {
+				var ropts []ring.Option
+				if points != 0 {
+					ropts = append(ropts, ring.WithPointsPerWeight(points))
+				}
+				ms, err = client.NewStatic(members, ropts...)
+			}
 		}
 	case MembershipFactory != nil:
 		ms, err = MembershipFactory(o)

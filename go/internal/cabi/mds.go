@@ -10,6 +10,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/internal/mdsclient"
+	"github.com/dfkv/dfkv/go/ring"
 )
 
 // MDS discovery is linked into every build of the C ABI: dfkv_open_v2 with mds_endpoints
@@ -28,7 +29,23 @@ const (
 	envCallTimeout = "DFKV_MDS_TIMEOUT_MS"   // per-replica request deadline (default 2000)
 	envRegister    = "DFKV_CLIENT_REGISTER"  // "0": never register, whatever the flags say
 	envFanout      = "DFKV_FANOUT_THREADS"   // batch chunk goroutines per client (default 32)
+	// The placement ring's density (default ring.PointsPerWeight); 160 routes like the first
+	// releases, for a rolling upgrade.
+	envRingPoints = "DFKV_RING_POINTS_PER_WEIGHT"
 )
+
+// ringPoints returns the density DFKV_RING_POINTS_PER_WEIGHT asks for (0 = the default),
+// validated so a bad value fails dfkv_open_v2 instead of every topology poll.
+func ringPoints() (int, error) {
+	n, err := envInt(envRingPoints, 0)
+	if err != nil || n == 0 {
+		return n, err
+	}
+	if _, err := ring.New(nil, ring.WithPointsPerWeight(n)); err != nil {
+		return 0, fmt.Errorf("%s: %w", envRingPoints, err)
+	}
+	return n, nil
+}
 
 func envInt(name string, def int) (int, error) {
 	v, ok := os.LookupEnv(name)
@@ -85,6 +102,10 @@ func mdsOptions(o *Options) (client.MDSOptions, error) {
 	if err != nil {
 		return client.MDSOptions{}, err
 	}
+	points, err := ringPoints()
+	if err != nil {
+		return client.MDSOptions{}, err
+	}
 	tlsCfg, token, err := securityEnv()
 	if err != nil {
 		return client.MDSOptions{}, err
@@ -98,6 +119,6 @@ func mdsOptions(o *Options) (client.MDSOptions, error) {
 		ShrinkPolls: shrink, CallTimeout: time.Duration(timeoutMS) * time.Millisecond,
 		Register: register, ClientID: o.ClientID, Info: info,
 		Heartbeat: time.Duration(o.ClientHeartbeatMS) * time.Millisecond,
-		Logger:    mdsLogger(),
+		Logger:    mdsLogger(), RingPointsPerWeight: points,
 	}, nil
 }

@@ -48,7 +48,8 @@ func New(members []store.Engine) (*Group, error) {
 		}
 		nodes[i] = ring.Node{ID: DiskID(i), Weight: 1}
 	}
-	r, err := ring.New(nodes)
+	// The disk ring keeps the first releases' density: which disk holds a key is on disk.
+	r, err := ring.New(nodes, ring.WithPointsPerWeight(ring.LegacyPointsPerWeight))
 	if err != nil {
 		return nil, fmt.Errorf("group: %w", err)
 	}

@@ -269,7 +269,7 @@ func (e *Engine) evictGlobalLocked(need int64, victims []*slot) []*slot {
 		}
 		s := &ext.slots[e.handSlot]
 		e.handSlot++
-		if s.state != slotLive || s.pins.Load() > 0 || s.leased.Load() || s.ref.Swap(false) {
+		if s.state != slotLive || s.pins.Load() > 0 || s.leased.Load() || s.passed() {
 			continue
 		}
 		e.evictLocked(s)
@@ -356,7 +356,7 @@ func (e *Engine) clockVictimLocked(ci int) *slot {
 		}
 		s := &ext.slots[c.handSlot]
 		c.handSlot++
-		if s.state != slotLive || s.pins.Load() > 0 || s.leased.Load() || s.ref.Swap(false) {
+		if s.state != slotLive || s.pins.Load() > 0 || s.leased.Load() || s.passed() {
 			continue
 		}
 		return s

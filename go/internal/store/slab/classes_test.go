@@ -146,6 +146,57 @@ func TestUnreadValuesEvictedFirst(t *testing.T) {
 	}
 }
 
+// References are counted (up to maxRef): a value read twice outlives one read once, which
+// outlives a full revolution of the hand over unread values, and the count stops at maxRef.
+func TestReadsCountedForEviction(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	e := mustOpen(t, cfg)
+	const size = 64 * kib
+	slots := int(cfg.CapacityBytes / size) // 128 slots of one class
+	for i := range slots {
+		mustPut(t, e, testKey(i), testValue(i, size))
+	}
+	// Key 0 read twice, key 1 once, key 2 ten times (capped at maxRef), the rest never.
+	for range 2 {
+		mustGet(t, e, testKey(0), testValue(0, size))
+	}
+	mustGet(t, e, testKey(1), testValue(1, size))
+	for range 10 {
+		e.Touch(testKey(2))
+	}
+	// Stat does not reference a value, so it observes the CLOCK without changing it.
+	present := func(i int) bool { _, err := e.Stat(testKey(i)); return err == nil }
+	next := slots
+	putUntilGone := func(i int) int {
+		t.Helper()
+		n := 0
+		for present(i) {
+			if n > 10*slots {
+				t.Fatalf("key %d survived %d puts", i, n)
+			}
+			mustPut(t, e, testKey(next), testValue(next, size))
+			next++
+			n++
+		}
+		return n
+	}
+	if n := putUntilGone(1); n <= slots-3 || !present(0) || !present(2) {
+		t.Fatalf("the key read once went after %d puts (want more than the %d unread ones); key 0 present=%v, key 2 present=%v",
+			n, slots-3, present(0), present(2))
+	}
+	if !present(0) || !present(2) {
+		t.Fatal("the keys read more often went first")
+	}
+	putUntilGone(0)
+	if !present(2) {
+		t.Fatal("the key read ten times went before the one read twice")
+	}
+	putUntilGone(2)
+	if total := next - slots; total >= (maxRef+1)*slots {
+		t.Fatalf("the key read ten times survived %d puts: references are not capped at %d", total, maxRef)
+	}
+}
+
 // A superblock whose class series is not a valid one for the configuration is refused,
 // not adopted.
 func TestInvalidDiskClassesRefused(t *testing.T) {

@@ -20,6 +20,6 @@
 // reader that pinned it has finished.
 //
 // Eviction is on demand: a Put whose size class is full evicts the class's next CLOCK victim
-// (reads and store.Toucher set a slot's reference bit; new values start without it, so
-// values never reused go first) or takes over a colder extent of another class.
+// (reads and store.Toucher add to a slot's reference count, up to 3, and each pass of the
+// hand takes one; new values start at zero, so values never reused go first) or takes over a colder extent of another class.
 package slab

@@ -104,7 +104,7 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	// (or touched by the RAM tier) before the hand comes round. Values written and never
 	// reused, most of a KV cache's PUTs, go first; with the bit set on insert this cache
 	// hit 0.94-0.97x what LRU hits on the FAST'25 trace, without it 1.02x (BENCHMARKS.md).
-	s.ref.Store(false)
+	s.ref.Store(0)
 	ext.lastAccess.Store(e.tick.Add(1))
 	sh := e.shardOf(key)
 	sh.mu.Lock()
@@ -204,7 +204,7 @@ func (e *Engine) pin(key store.Key, op string) (*slot, error) {
 	s.pins.Add(1)
 	s.ext.pins.Add(1)
 	sh.mu.RUnlock()
-	s.ref.Store(true)
+	s.reference()
 	s.ext.lastAccess.Store(e.tick.Add(1))
 	return s, nil
 }
