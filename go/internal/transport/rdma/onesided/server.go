@@ -446,7 +446,9 @@ func (c *serverConn) handle(req wire.Request, slot int, b []byte) ([]verbs.SendW
 			srcMR, srcOff = s.arenaMR, addrOf0(v)-s.arenaMR.Addr()
 			c.release[slot] = release
 			s.M.ZeroCopyGets.Add(1)
+			s.M.MRPoolOps.Add(1)
 		} else {
+			s.M.StagedOps.Add(1)
 			stage := c.stageBuf.Bytes()[uint64(slot)*c.slot : uint64(slot+1)*c.slot]
 			var err error
 			n, err = store.ReadInto(s.engine, key, stage)
