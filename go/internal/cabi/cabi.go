@@ -143,8 +143,10 @@ func open(o *Options) (*Handle, error) {
 		BlockingIO: os.Getenv("DFKV_BLOCKING_IO") != "0",
 	}
 	if o.Flags&FlagRDMA != 0 || os.Getenv("DFKV_RDMA") == "1" {
+		// MRCacheBytes < 0: C and Python callers' memory is not the Go runtime's, so a cached
+		// registration could outlive the mapping it pinned; transient MRs end with their op.
 		copts.RDMA = &client.RDMAOptions{Provider: os.Getenv("DFKV_RDMA_PROVIDER"), Device: os.Getenv("DFKV_RDMA_DEV"),
-			ForceV1: os.Getenv("DFKV_RDMA_PROTOCOL") == "1"}
+			ForceV1: os.Getenv("DFKV_RDMA_PROTOCOL") == "1", MRCacheBytes: -1}
 	}
 	if err := applyTimeoutEnv(&copts); err != nil {
 		ms.Close()

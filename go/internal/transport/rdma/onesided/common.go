@@ -147,6 +147,9 @@ type Metrics struct {
 	StagedOps        atomic.Int64
 	// IdleReclaims: pooled connections closed after sitting idle past the idle timeout.
 	IdleReclaims atomic.Int64
+	// PoolFull: a client op found every RDMA connection to its server busy (MaxConns) and
+	// went over TCP.
+	PoolFull atomic.Int64
 }
 
 // Snapshot returns the metrics by their exported names.
@@ -174,6 +177,7 @@ func (m *Metrics) Snapshot() map[string]float64 {
 		"dfkv_rdma_mr_cache_bytes":               float64(m.MRCacheBytes.Load()),
 		"dfkv_rdma_staged_ops_total":             float64(m.StagedOps.Load()),
 		"dfkv_rdma_idle_reclaims_total":          float64(m.IdleReclaims.Load()),
+		"dfkv_rdma_pool_full_total":              float64(m.PoolFull.Load()),
 	}
 }
 
