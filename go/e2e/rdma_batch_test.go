@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -190,5 +191,73 @@ func TestRDMABatchSGRange(t *testing.T) {
 	}
 	if mode := c.TransportMode(); mode != "rdma" {
 		t.Fatalf("transport mode %q", mode)
+	}
+}
+
+// waitMetric polls until cond holds for the value read by get, or fails at the deadline.
+func waitMetric(t *testing.T, what string, get func() float64, cond func(float64) bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		v := get()
+		if cond(v) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still %v at the deadline", what, v)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func snapshotValue(c *client.Client, name string) float64 {
+	for _, l := range strings.Split(string(c.Snapshot()), "\n") {
+		if strings.HasPrefix(l, name+" ") {
+			v, _ := strconv.ParseFloat(l[len(name)+1:], 64)
+			return v
+		}
+	}
+	return -1
+}
+
+// Pooled RDMA connections idle past the idle timeout are closed: the client counts the
+// reclaim, the server destroys the QP and returns the receive-segment lease; the next op
+// opens a fresh connection. Close stops the reclaimer (no goroutine left behind).
+func TestRDMAIdleReclaim(t *testing.T) {
+	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--rdma-segment", "64MiB")
+	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Options{Membership: ms, IOTimeout: 30 * time.Second,
+		RDMA: &client.RDMAOptions{Provider: "soft", MaxBlock: 1 << 20, IdleTimeout: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	segment := s.metric("dfkv_rdma_recv_segment_bytes")
+	v := rnd(5000, 9)
+	if err := c.Put([]byte("idle"), v); err != nil {
+		t.Fatal(err)
+	}
+	if s.metric("dfkv_rdma_active_conns") != 1 || s.metric("dfkv_rdma_recv_segment_free_bytes") == segment {
+		t.Fatal("no RDMA connection holding a lease after the put")
+	}
+	waitMetric(t, "client idle reclaims", func() float64 { return snapshotValue(c, "dfkv_rdma_idle_reclaims_total") }, func(v float64) bool { return v >= 1 })
+	if got := snapshotValue(c, "dfkv_rdma_active_conns"); got != 0 {
+		t.Fatalf("client active conns %v after the reclaim", got)
+	}
+	waitMetric(t, "server active conns", func() float64 { return s.metric("dfkv_rdma_active_conns") }, func(v float64) bool { return v == 0 })
+	waitMetric(t, "server free segment", func() float64 { return s.metric("dfkv_rdma_recv_segment_free_bytes") }, func(v float64) bool { return v == segment })
+	got := make([]byte, len(v))
+	if err := c.Get([]byte("idle"), got); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("get after the reclaim: %v", err)
+	}
+	if s.metric("dfkv_rdma_v2_conns_opened_total") != 2 {
+		t.Fatalf("v2 conns opened %v, want 2 (one fresh after the reclaim)", s.metric("dfkv_rdma_v2_conns_opened_total"))
+	}
+	c.Close()
+	buf := make([]byte, 1<<20)
+	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "startJanitor") {
+		t.Fatalf("the idle reclaimer outlived Close:\n%s", st)
 	}
 }
