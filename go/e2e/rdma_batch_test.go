@@ -39,15 +39,23 @@ func (s *serverProc) requests(op fb.Op) float64 {
 // Batch, scatter-gather and range calls of the Go client over RDMA v2 against the real
 // dfkv_server (soft provider): 1 B – 64 MiB byte-exact, windows of requests on one
 // connection with replies in order, no batch frame over TCP, v2 and MR counters moving.
-func TestRDMABatchSGRange(t *testing.T) {
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "1GiB", "--max-msg", "64MiB",
-		"--rdma-segment", "448MiB", "--rdma-depth", "4")
+func TestRDMABatchSGRange(t *testing.T) { rdmaSuite(t, "soft", "") }
+
+// rdmaSuite is the cross-process suite over one provider (and device, "" = the first with
+// an ACTIVE port).
+func rdmaSuite(t *testing.T, provider, dev string) {
+	args := []string{"--rdma", "--rdma-provider", provider, "--cap", "1GiB", "--max-msg", "64MiB",
+		"--rdma-segment", "448MiB", "--rdma-depth", "4"}
+	if dev != "" {
+		args = append(args, "--rdma-dev", dev)
+	}
+	s := startServer(t, t.TempDir(), args...)
 	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma-batch"), IOTimeout: 60 * time.Second,
-		BatchConcurrency: 2, RDMA: &client.RDMAOptions{Provider: "soft", MaxBlock: 64 << 20, Depth: 2, MaxConns: 3}})
+		BatchConcurrency: 2, RDMA: &client.RDMAOptions{Provider: provider, Device: dev, MaxBlock: 64 << 20, Depth: 2, MaxConns: 3}})
 	if err != nil {
 		t.Fatal(err)
 	}
