@@ -269,3 +269,68 @@ func TestRDMAIdleReclaim(t *testing.T) {
 		t.Fatalf("the idle reclaimer outlived Close:\n%s", st)
 	}
 }
+
+// SIGKILL of the server in the middle of a batch over RDMA: the call returns within the
+// I/O deadline, every item is either its exact bytes or an unavailable/timeout error (never
+// a zero-value Ok), and at least one item was cut off.
+func TestRDMABatchServerKilled(t *testing.T) {
+	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--max-msg", "4MiB")
+	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Options{Membership: ms, IOTimeout: 5 * time.Second, BatchConcurrency: 1,
+		RDMA: &client.RDMAOptions{Provider: "soft", Depth: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n, size = 32, 4 << 20
+	items := make([]client.Item, n)
+	vals := make([][]byte, n)
+	for i := range items {
+		vals[i] = rnd(size, uint64(300+i))
+		items[i] = client.Item{Key: []byte("k" + strconv.Itoa(i)), Value: vals[i]}
+	}
+	if err := c.BatchPut(items); err != nil {
+		t.Fatal(err)
+	}
+	for i := range items {
+		if items[i].Err != nil {
+			t.Fatalf("put %d: %v", i, items[i].Err)
+		}
+		items[i] = client.Item{Key: items[i].Key, Buf: make([]byte, size)}
+	}
+	before := s.metric("dfkv_rdma_v2_get_writes_total")
+	done := make(chan time.Duration, 1)
+	go func() {
+		start := time.Now()
+		c.BatchGet(items, client.Exact)
+		done <- time.Since(start)
+	}()
+	waitMetric(t, "first GET write of the batch", func() float64 { return s.metric("dfkv_rdma_v2_get_writes_total") }, func(v float64) bool { return v > before })
+	s.kill()
+	var took time.Duration
+	select {
+	case took = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("BatchGet hung after the server was killed")
+	}
+	failed := 0
+	for i, it := range items {
+		switch {
+		case it.Err == nil:
+			if !bytes.Equal(it.Buf, vals[i]) {
+				t.Fatalf("item %d: Ok with wrong bytes", i)
+			}
+		case errors.Is(it.Err, client.ErrUnavailable) || errors.Is(it.Err, client.ErrTimeout):
+			failed++
+		default:
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+	}
+	if failed == 0 {
+		t.Fatal("every item completed: the kill did not land mid-batch")
+	}
+	t.Logf("batch returned %v after the start, %d of %d items cut off", took, failed, n)
+}
