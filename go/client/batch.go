@@ -220,6 +220,11 @@ func appendChunks(out []chunk, p *peer, items []*Item, op fb.Op, o Options) []ch
 }
 
 func (c *Client) runChunk(ctx context.Context, op fb.Op, flags uint8, arg uint64, ch chunk) {
+	if c.opts.RDMA != nil {
+		if ch.items = c.rdmaChunk(ctx, op, flags, ch); len(ch.items) == 0 {
+			return
+		}
+	}
 	status := make([]error, len(ch.items))
 	lens := make([]int64, len(ch.items))
 	leased := make([]bool, len(ch.items))

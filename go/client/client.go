@@ -143,6 +143,9 @@ func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
+	if c.opts.RDMA != nil {
+		c.stopRDMA()
+	}
 	c.mu.Lock()
 	for _, p := range c.peers {
 		p.close()

@@ -24,7 +24,8 @@ import (
 )
 
 // RDMAOptions turn on the RDMA v2 data plane (docs/RDMA.md) towards servers that serve it.
-// Scalar and scatter-gather PUT/GET/range/EXIST/REMOVE use it; batch calls stay on TCP.
+// Scalar, scatter-gather and batch PUT/GET/range/EXIST/REMOVE use it (BatchExistLease stays
+// on TCP: leases are a TCP op).
 // A server without RDMA, or a failed bootstrap, leaves that server on TCP, and
 // TransportMode says why.
 type RDMAOptions struct {
@@ -37,6 +38,16 @@ type RDMAOptions struct {
 	// ForceV1 (DFKV_RDMA_PROTOCOL=1) offers RDMA v1 (SEND/RECV) instead of v2. An auto
 	// client that a server answers with v1 reconnects offering v1 on its own.
 	ForceV1 bool
+	// MaxConns bounds the RDMA connections to one server (default Options.PoolSize); an op
+	// that finds them all busy goes over TCP.
+	MaxConns int
+	// IdleTimeout: a pooled RDMA connection idle this long is closed (QP and CQs destroyed,
+	// the server's receive-segment lease returned); default 60 s.
+	IdleTimeout time.Duration
+	// MRCacheBytes bounds each connection's cache of transient MRs for unregistered
+	// memory (default 32 MiB); < 0 deregisters every transient MR after its op (memory the
+	// Go runtime does not own, e.g. the C ABI's callers).
+	MRCacheBytes int64
 }
 
 type rdmaState struct {
@@ -50,6 +61,10 @@ type rdmaState struct {
 	used   atomic.Bool
 	reason atomic.Pointer[string]
 	m      onesided.Metrics // shared by every RDMA connection of this client
+
+	janitorOnce sync.Once
+	stopJanitor chan struct{}
+	janitorDone chan struct{}
 }
 
 // registerRDMAMetrics adds the client's dfkv_rdma_* series to its stats snapshot.
@@ -67,12 +82,40 @@ func (c *Client) registerRDMAMetrics() {
 
 // peerRDMA is one server's RDMA connection pool.
 type peerRDMA struct {
-	mu     sync.Mutex
-	tcp    bool // the server answered that it does not serve (our) RDMA: stay on TCP
-	v1     bool // the server answers v1: offer v1 from the start
-	idle   []*onesided.Client
-	all    map[*onesided.Client]struct{}
-	closed bool
+	mu      sync.Mutex
+	tcp     bool       // the server answered that it does not serve (our) RDMA: stay on TCP
+	v1      bool       // the server answers v1: offer v1 from the start
+	idle    []idleConn // most recently used last
+	all     map[*onesided.Client]struct{}
+	dialing int // bootstraps in progress (count against MaxConns)
+	closed  bool
+}
+
+type idleConn struct {
+	oc    *onesided.Client
+	since time.Time
+}
+
+// reclaim closes the idle connections unused since before cutoff.
+func (r *peerRDMA) reclaim(cutoff time.Time, m *onesided.Metrics) {
+	r.mu.Lock()
+	var old []*onesided.Client
+	keep := r.idle[:0]
+	for _, ic := range r.idle {
+		if ic.since.Before(cutoff) {
+			old = append(old, ic.oc)
+			delete(r.all, ic.oc)
+		} else {
+			keep = append(keep, ic)
+		}
+	}
+	clear(r.idle[len(keep):])
+	r.idle = keep
+	r.mu.Unlock()
+	for _, oc := range old {
+		oc.Close()
+		m.IdleReclaims.Add(1)
+	}
 }
 
 func (r *peerRDMA) close() {
@@ -83,6 +126,54 @@ func (r *peerRDMA) close() {
 		oc.Close()
 	}
 	r.all, r.idle = nil, nil
+}
+
+func (c *Client) rdmaIdleTimeout() time.Duration {
+	if d := c.opts.RDMA.IdleTimeout; d > 0 {
+		return d
+	}
+	return time.Minute
+}
+
+// startJanitor runs the idle reclaim of this client's RDMA pools (once, from the first RDMA
+// connection); stopRDMA ends and joins it.
+func (c *Client) startJanitor() {
+	s := &c.rdma
+	s.janitorOnce.Do(func() {
+		s.stopJanitor, s.janitorDone = make(chan struct{}), make(chan struct{})
+		idle := c.rdmaIdleTimeout()
+		go func() {
+			defer close(s.janitorDone)
+			t := time.NewTicker(max(idle/4, time.Millisecond))
+			defer t.Stop()
+			for {
+				select {
+				case <-s.stopJanitor:
+					return
+				case now := <-t.C:
+					c.mu.RLock()
+					peers := make([]*peer, 0, len(c.peers))
+					for _, p := range c.peers {
+						peers = append(peers, p)
+					}
+					c.mu.RUnlock()
+					for _, p := range peers {
+						p.rdma.reclaim(now.Add(-idle), &s.m)
+					}
+				}
+			}
+		}()
+	})
+}
+
+// stopRDMA stops the idle reclaim (Close).
+func (c *Client) stopRDMA() {
+	s := &c.rdma
+	s.janitorOnce.Do(func() {}) // none started: none will be
+	if s.stopJanitor != nil {
+		close(s.stopJanitor)
+		<-s.janitorDone
+	}
 }
 
 func (c *Client) rdmaProvider() (verbs.Provider, error) {
@@ -179,13 +270,29 @@ func (c *Client) rdmaConn(ctx context.Context, p *peer) *onesided.Client {
 		return nil
 	}
 	if n := len(r.idle); n > 0 {
-		oc := r.idle[n-1]
+		oc := r.idle[n-1].oc
+		r.idle[n-1] = idleConn{}
 		r.idle = r.idle[:n-1]
 		r.mu.Unlock()
 		return oc
 	}
+	maxConns := o.MaxConns
+	if maxConns <= 0 {
+		maxConns = c.opts.PoolSize
+	}
+	if len(r.all)+r.dialing >= maxConns {
+		r.mu.Unlock()
+		c.rdma.m.PoolFull.Add(1)
+		return nil // every RDMA connection to p is busy: this op goes over TCP
+	}
+	r.dialing++
 	v1 := r.v1 || o.ForceV1
 	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.dialing--
+		r.mu.Unlock()
+	}()
 	oc := c.rdmaDial(ctx, p, v1)
 	if oc == nil && !v1 && p.rdma.speaksV1() {
 		// The server answered v1: never change protocol on that QP; open a fresh connection
@@ -193,6 +300,29 @@ func (c *Client) rdmaConn(ctx context.Context, p *peer) *onesided.Client {
 		oc = c.rdmaDial(ctx, p, true)
 	}
 	return oc
+}
+
+// rdmaPut returns oc to p's pool (or closes it past the pool's size).
+func (c *Client) rdmaPut(p *peer, oc *onesided.Client) {
+	p.rdma.mu.Lock()
+	if !p.rdma.closed && len(p.rdma.idle) < c.opts.PoolSize {
+		p.rdma.idle = append(p.rdma.idle, idleConn{oc: oc, since: time.Now()})
+		oc = nil
+	} else {
+		delete(p.rdma.all, oc)
+	}
+	p.rdma.mu.Unlock()
+	if oc != nil {
+		oc.Close()
+	}
+}
+
+// rdmaDrop closes a broken connection of p's pool.
+func (c *Client) rdmaDrop(p *peer, oc *onesided.Client) {
+	p.rdma.mu.Lock()
+	delete(p.rdma.all, oc)
+	p.rdma.mu.Unlock()
+	oc.Close()
 }
 
 func (r *peerRDMA) speaksV1() bool {
@@ -237,7 +367,7 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, v1 bool) *onesided.Clien
 	}
 	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: o.Device,
 		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
-		ForceV1: v1})
+		ForceV1: v1, MRCacheBytes: o.MRCacheBytes})
 	switch {
 	case err == nil:
 	case errors.Is(err, dcp.ErrFallbackV1):
@@ -274,6 +404,7 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, v1 bool) *onesided.Clien
 	}
 	r.all[oc] = struct{}{}
 	c.rdma.used.Store(true)
+	c.startJanitor()
 	return oc
 }
 
@@ -287,17 +418,22 @@ func (c *Client) markTCP(p *peer, why string) {
 
 // rdmaExec runs op over RDMA when p is served that way; handled is false for TCP peers.
 func (c *Client) rdmaExec(ctx context.Context, p *peer, op *onesided.Op) (handled bool, err error) {
+	return c.rdmaDo(ctx, p, []*onesided.Op{op})
+}
+
+// rdmaDo runs ops as one window on one RDMA connection to p (up to the negotiated depth in
+// flight, replies in order); handled is false when p is served over TCP. On a broken
+// connection the ops not completed keep Status Unavailable and err says why. Every wait
+// inside is bounded by the I/O timeout and by ctx.
+func (c *Client) rdmaDo(ctx context.Context, p *peer, ops []*onesided.Op) (handled bool, err error) {
 	oc := c.rdmaConn(ctx, p)
 	if oc == nil {
 		return false, nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, c.opts.IOTimeout)
 	defer cancel()
-	if err := oc.Do(dctx, []*onesided.Op{op}); err != nil {
-		p.rdma.mu.Lock()
-		delete(p.rdma.all, oc)
-		p.rdma.mu.Unlock()
-		oc.Close()
+	if err := oc.Do(dctx, ops); err != nil {
+		c.rdmaDrop(p, oc)
 		if cerr := ctx.Err(); cerr != nil {
 			return true, ctxErr(p.addr, cerr) // the caller's context ended: not the peer's fault
 		}
@@ -305,14 +441,7 @@ func (c *Client) rdmaExec(ctx context.Context, p *peer, op *onesided.Op) (handle
 		return true, ioErr(p.addr, err)
 	}
 	p.markHealthy()
-	p.rdma.mu.Lock()
-	if !p.rdma.closed && len(p.rdma.idle) < c.opts.PoolSize {
-		p.rdma.idle = append(p.rdma.idle, oc)
-	} else {
-		delete(p.rdma.all, oc)
-		oc.Close()
-	}
-	p.rdma.mu.Unlock()
+	c.rdmaPut(p, oc)
 	return true, nil
 }
 
@@ -356,6 +485,12 @@ func (c *Client) rdmaGet(ctx context.Context, p *peer, id identity.ObjectID, seg
 	if err != nil {
 		return true, 0, err
 	}
+	return c.rdmaGetResult(op, flags, length)
+}
+
+// rdmaGetResult maps a GET's reply onto the TCP path's contracts; handled is false when the
+// value is larger than the connection's declared block (TCP serves it).
+func (c *Client) rdmaGetResult(op *onesided.Op, flags uint8, length uint64) (handled bool, n uint64, err error) {
 	if op.Status == fb.StatusInvalid && op.ValueLen > c.rdmaBlock() {
 		return false, 0, nil // larger than this connection's slots: TCP serves it
 	}
@@ -366,4 +501,76 @@ func (c *Client) rdmaGet(ctx context.Context, p *peer, id identity.ObjectID, seg
 		return true, 0, statusErr(op.Status)
 	}
 	return true, uint64(op.N), nil
+}
+
+// rdmaChunk runs one batch chunk over RDMA as a window of requests on one connection (the
+// items in order, up to the negotiated depth in flight, replies in order) and returns the
+// items left for TCP: all of them when the server is served over TCP, else those larger
+// than the connection's declared block. BatchExistLease stays on TCP.
+func (c *Client) rdmaChunk(ctx context.Context, op fb.Op, flags uint8, ch chunk) []*Item {
+	var kind wire.Op
+	switch op {
+	case fb.OpBatchPut:
+		kind = fb.OpPut
+	case fb.OpBatchGet:
+		kind = fb.OpGet
+	case fb.OpBatchExist:
+		kind = fb.OpExist
+	case fb.OpBatchRemove:
+		kind = fb.OpRemove
+	default:
+		return ch.items
+	}
+	block := c.rdmaBlock()
+	ops := make([]*onesided.Op, 0, len(ch.items))
+	its := make([]*Item, 0, len(ch.items))
+	var rest []*Item
+	for _, it := range ch.items {
+		o := &onesided.Op{Kind: kind, Tenant: c.tenant, ID: it.id}
+		switch op {
+		case fb.OpBatchPut:
+			if segsLen(it.segs(false)) > block {
+				rest = append(rest, it)
+				continue
+			}
+			o.Value = it.segs(false)
+		case fb.OpBatchGet:
+			o.Dst = it.segs(true)
+		}
+		ops, its = append(ops, o), append(its, it)
+	}
+	if len(ops) == 0 {
+		return rest
+	}
+	done, err := c.rdmaDo(ctx, ch.p, ops)
+	if !done {
+		return ch.items
+	}
+	for i, o := range ops {
+		it := its[i]
+		if err != nil && o.Status == fb.StatusUnavailable { // not completed: the connection broke
+			it.Err = err
+			continue
+		}
+		switch op {
+		case fb.OpBatchPut:
+			it.Err = statusErr(o.Status)
+			if it.Err == nil {
+				it.N = int64(segsLen(o.Value))
+			}
+		case fb.OpBatchGet:
+			length := segsLen(o.Dst)
+			ok, n, gerr := c.rdmaGetResult(o, flags, length)
+			if !ok {
+				rest = append(rest, it) // larger than the declared block
+				continue
+			}
+			it.Err, it.N = gerr, int64(n)
+		case fb.OpBatchExist:
+			it.Err, it.N = statusErr(o.Status), int64(o.ValueLen)
+		case fb.OpBatchRemove:
+			it.Err = statusErr(o.Status)
+		}
+	}
+	return rest
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,9 +44,22 @@ func TestCProgram(t *testing.T) {
 	}
 	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
 	addr := waitAddr(t, addrFile)
+	// A second server with RDMA over the soft provider (the software NIC: the C program's
+	// process and the server's are the two hosts): the program's RDMA section.
+	rdmaAddrFile := filepath.Join(dir, "rdma-addr")
+	rsrv := exec.Command(filepath.Join(dir, "dfkv_server"), "--host", "127.0.0.1", "--port", "0", "--addr-file", rdmaAddrFile,
+		"--dir", filepath.Join(dir, "rdma-data"), "--cap", "512MiB", "--max-msg", "64MiB", "--log-level", "warn",
+		"--rdma", "--rdma-provider", "soft", "--rdma-depth", "2", "--rdma-segment", "640MiB")
+	rsrv.Stderr = os.Stderr
+	if err := rsrv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rsrv.Process.Kill(); _ = rsrv.Wait() }()
+	rdmaAddr := waitAddr(t, rdmaAddrFile)
 
 	cmd := exec.Command(filepath.Join(dir, "abi_test"))
-	cmd.Env = append(os.Environ(), "DFKV_TEST_ADDR="+addr)
+	cmd.Env = append(os.Environ(), "DFKV_TEST_ADDR="+addr, "DFKV_TEST_RDMA_ADDR="+rdmaAddr, "DFKV_RDMA_PROVIDER=soft",
+		"DFKV_RDMA_MAX_BLOCK="+strconv.Itoa(64<<20), "DFKV_RDMA_DEPTH=2", "DFKV_IO_TIMEOUT_MS=60000")
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
@@ -55,6 +69,9 @@ func TestCProgram(t *testing.T) {
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
 		last = sc.Text()
+	}
+	if strings.Contains(string(out), "rdma section not run") {
+		t.Fatal("the C program's RDMA section did not run")
 	}
 	if !strings.HasSuffix(last, " 0 failed") || strings.HasPrefix(last, "0 passed") {
 		t.Fatalf("unexpected summary %q", last)

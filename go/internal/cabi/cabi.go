@@ -152,8 +152,14 @@ func open(o *Options) (*Handle, error) {
 		BlockingIO: os.Getenv("DFKV_BLOCKING_IO") != "0",
 	}
 	if o.Flags&FlagRDMA != 0 || os.Getenv("DFKV_RDMA") == "1" {
+		// MRCacheBytes < 0: C and Python callers' memory is not the Go runtime's, so a cached
+		// registration could outlive the mapping it pinned; transient MRs end with their op.
 		copts.RDMA = &client.RDMAOptions{Provider: os.Getenv("DFKV_RDMA_PROVIDER"), Device: os.Getenv("DFKV_RDMA_DEV"),
-			ForceV1: os.Getenv("DFKV_RDMA_PROTOCOL") == "1"}
+			ForceV1: os.Getenv("DFKV_RDMA_PROTOCOL") == "1", MRCacheBytes: -1}
+		if err := applyRDMAEnv(copts.RDMA); err != nil {
+			ms.Close()
+			return nil, err
+		}
 	}
 	if err := applyTimeoutEnv(&copts); err != nil {
 		ms.Close()
@@ -415,6 +421,27 @@ func Version() string { return version.Version }
 // DFKV_PEER_COOLDOWN_MS (after a peer I/O failure, default 3000); DFKV_FANOUT_THREADS (batch
 // chunk goroutines per handle, default 32, at most 4096) is read here too. A malformed
 // value refuses the open rather than silently running with a default.
+//
+// applyRDMAEnv reads the RDMA sizing twins: DFKV_RDMA_MAX_BLOCK (declared largest value
+// over RDMA, bytes; larger values use TCP), DFKV_RDMA_DEPTH (requests in flight per
+// connection), DFKV_RDMA_IDLE_TIMEOUT_MS (pooled connections idle this long are closed).
+func applyRDMAEnv(o *client.RDMAOptions) error {
+	block, err := envInt("DFKV_RDMA_MAX_BLOCK", 0)
+	if err != nil {
+		return err
+	}
+	depth, err := envInt("DFKV_RDMA_DEPTH", 0)
+	if err != nil {
+		return err
+	}
+	idle, err := envInt("DFKV_RDMA_IDLE_TIMEOUT_MS", 0)
+	if err != nil {
+		return err
+	}
+	o.MaxBlock, o.Depth, o.IdleTimeout = uint64(block), uint32(min(depth, 1024)), time.Duration(idle)*time.Millisecond
+	return nil
+}
+
 func applyTimeoutEnv(o *client.Options) error {
 	for _, t := range []struct {
 		env string

@@ -127,6 +127,7 @@ class DfkvHiCacheStorage(HiCacheStorage):
         self._geoms: Dict[str, _PoolGeom] = {}
         self._flat_key = self._key_fn(KV_POOL, "flat", sharded=not self.is_mla, sg=None)
         self._client = LazyClient(self.cfg, self._namespace(None), name=f"sglang-hicache[tp{self.tp_rank}]")
+        self._mem_client: Any = None  # the client the host pools were registered with
         logger.info("dfkv HiCache backend: model=%s tp=%d/%d pp=%d/%d mla=%s writer=%s",
                     self.model, self.tp_rank, self.tp_size, self.pp_rank, self.pp_size,
                     self.is_mla, self.is_writer)
@@ -202,6 +203,25 @@ class DfkvHiCacheStorage(HiCacheStorage):
         if geom is not None:
             self._geoms[str(host_pool_name)] = geom
 
+    def _client_for_io(self) -> Any:
+        """The client, with the host pools' buffers registered (``dfkv_register_memory``)
+        once per client: over RDMA, pages then move straight from and into the pools through
+        their registrations (no per-op registration or staging copy); a no-op on TCP."""
+        c = self._client.get()
+        if c is None or c is self._mem_client:
+            return c
+        self._mem_client = c
+        pools = dict(self.registered_pools)
+        if self.mem_pool_host is not None:
+            pools.setdefault(KV_POOL, self.mem_pool_host)
+        for name, pool in pools.items():
+            for buf in _pool_buffers(pool):
+                nbytes = buf.numel() * buf.element_size()
+                if nbytes and not safe_call("HiCache register_memory", False, c.register_memory, buf.data_ptr(), nbytes):
+                    logger.warning("dfkv HiCache: host pool %r (%d bytes) not registered for RDMA: %s",
+                                   name, nbytes, c.last_error())
+        return c
+
     def _geom(self, name: Any) -> Optional[_PoolGeom]:
         name = str(name)
         geom = self._geoms.get(name)
@@ -230,7 +250,7 @@ class DfkvHiCacheStorage(HiCacheStorage):
             return [False] * n
         if not (self.is_writer or geom.sharded):
             return [True] * n  # MLA: another rank writes this shared page
-        c = self._client.get()
+        c = self._client_for_io()
         if c is None:
             return [False] * n
         dkeys = [geom.key(k) for k in keys]
@@ -251,7 +271,7 @@ class DfkvHiCacheStorage(HiCacheStorage):
         n = len(keys)
         if geom is None:
             return [False] * n
-        c = self._client.get()
+        c = self._client_for_io()
         if c is None:
             return [False] * n
         segs = self._segments(geom, host_indices, n)
@@ -460,3 +480,12 @@ class DfkvHiCacheStorage(HiCacheStorage):
     def client(self) -> Any:
         """The open ``dfkv.Client`` (None before the first I/O); for tests and diagnostics."""
         return self._client.peek()
+
+
+def _pool_buffers(pool: Any) -> List[Any]:
+    """The contiguous tensors behind a host pool (``kv_buffer``; a list of them in split
+    layouts), or none when the pool exposes no such buffer."""
+    buf = getattr(pool, "kv_buffer", None)
+    bufs = list(buf) if isinstance(buf, (list, tuple)) else [buf]
+    return [b for b in bufs if hasattr(b, "data_ptr") and hasattr(b, "numel") and hasattr(b, "element_size")
+            and (not hasattr(b, "is_contiguous") or b.is_contiguous())]

@@ -258,6 +258,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self._layers: List[List[Tuple[str, torch.Tensor, int, int]]] = []
         self._obj_bytes: List[int] = []
         self._load_buf: Optional[torch.Tensor] = None
+        self._buf_client: Dict[str, Tuple[int, int]] = {}  # buffer -> (client, address) registered
         self._save_buf: Optional[torch.Tensor] = None
         self._loader: Optional[ThreadPoolExecutor] = None
         self._load_jobs: Dict[str, Future] = {}
@@ -586,13 +587,15 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         if buf is None or buf.shape[1] < width:
             pin = torch.cuda.is_available()
             buf = torch.empty((self.staging_blocks, width), dtype=torch.uint8, pin_memory=pin)
-            c = self._client.get()
-            if c is not None:
-                c.register_memory(buf.data_ptr(), buf.numel())
             if which == "load":
                 self._load_buf = buf
             else:
                 self._save_buf = buf
+        # Registered with the client that moves it (again when the client was reopened).
+        c = self._client.get()
+        if c is not None and self._buf_client.get(which) != (id(c), buf.data_ptr()):
+            if c.register_memory(buf.data_ptr(), buf.numel()):
+                self._buf_client[which] = (id(c), buf.data_ptr())
         return buf
 
     def _gather(self, group: int, block_ids: Sequence[int], out: torch.Tensor) -> None:

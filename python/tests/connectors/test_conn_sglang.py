@@ -287,3 +287,51 @@ def test_unconfigured_backend_refuses_loudly(monkeypatch):
     with pytest.raises(ValueError, match="no dfkv nodes configured"):
         StorageBackendFactory.create_backend("dynamic", sc, None)
 
+
+
+@pytest.fixture(scope="module")
+def rdma_members(tmp_path_factory):
+    """A dfkv_server with RDMA over the soft provider (the software NIC)."""
+    from conftest import _run_server
+
+    for addr in _run_server(tmp_path_factory, "dfkv_server_rdma", "--rdma", "--rdma-provider", "soft"):
+        yield f"n1={addr}"
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_rdma_moves_pages_through_the_registered_host_pool(rdma_members, tenant, layout):
+    """With DFKV_RDMA=1 the backend registers the host pool with dfkv_register_memory once,
+    and every page moves over RDMA v2 straight from and into it: pool-MR ops only, no ad-hoc
+    registration, no staging copy; the bytes read back into other slots are the pages'."""
+    r = run_engine_script(f"""
+        import hashlib, json, torch
+        from engine_support import MirrorMHAHostPool, page_keys, sglang_backend
+
+        def stat(c, name):
+            for line in c.stats_snapshot().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+            raise AssertionError(name + " missing")
+
+        pool = MirrorMHAHostPool(layer_num=2, head_num=2, head_dim=64, page_size=16, size=256, layout={layout!r})
+        pool.fill(11)
+        b = sglang_backend({rdma_members!r}, {tenant!r}, pool)
+        keys = page_keys({tenant!r}, 6)
+        put = b.batch_set_v1(keys, torch.arange(16, 16 + 6 * 16))
+        want = [hashlib.sha256(pool.page_bytes(1 + i)).hexdigest() for i in range(6)]
+        got = b.batch_get_v1(keys, torch.arange(128, 128 + 6 * 16))
+        have = [hashlib.sha256(pool.page_bytes(8 + i)).hexdigest() for i in range(6)]
+        c = b.client
+        names = ["dfkv_rdma_mr_pool_ops_total", "dfkv_rdma_mr_adhoc_registrations_total",
+                 "dfkv_rdma_staged_ops_total", "dfkv_rdma_v2_put_writes_total", "dfkv_rdma_completion_errors_total"]
+        print(json.dumps({{"put": put, "get": got, "same": want == have, "mode": c.transport_mode,
+                           **{{n: stat(c, n) for n in names}}}}))
+        b.close()
+    """, env={"DFKV_RDMA": "1", "DFKV_RDMA_PROVIDER": "soft"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["put"] == [True] * 6 and out["get"] == [True] * 6 and out["same"], out
+    assert out["mode"] == "rdma", out
+    assert out["dfkv_rdma_v2_put_writes_total"] == 6 and out["dfkv_rdma_completion_errors_total"] == 0, out
+    assert out["dfkv_rdma_mr_pool_ops_total"] == 12, out  # 6 puts + 6 gets, all in the pool
+    assert out["dfkv_rdma_mr_adhoc_registrations_total"] == 0 and out["dfkv_rdma_staged_ops_total"] == 0, out

@@ -222,3 +222,62 @@ def test_unknown_layout_refuses_at_start(members, tenant):
     _, worker, _ = vllm_connectors(members, tenant)
     with pytest.raises(ValueError, match=r"layer .*shape \(7, 5\).*not supported"):
         worker.register_kv_caches({"model.layers.0.self_attn.attn": torch.zeros(7, 5)})
+
+
+@pytest.fixture(scope="module")
+def rdma_members(tmp_path_factory):
+    """A dfkv_server with RDMA over the soft provider (the software NIC)."""
+    from conftest import _run_server
+
+    for addr in _run_server(tmp_path_factory, "dfkv_server_rdma", "--rdma", "--rdma-provider", "soft"):
+        yield f"n1={addr}"
+
+
+def test_rdma_moves_blocks_through_the_registered_host_buffers(rdma_members, tenant):
+    """With DFKV_RDMA=1 the worker's host staging buffers (registered once with
+    dfkv_register_memory) are what RDMA v2 reads and writes: pool-MR ops only, no ad-hoc
+    registration, no staging copy; a second connector loads the same bytes."""
+    r = run_engine_script(f"""
+        import json
+        from engine_support import *
+        import torch
+
+        def stat(c, name):
+            for line in c.stats_snapshot().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+            raise AssertionError(name + " missing")
+
+        sched, worker, caches = vllm_connectors({rdma_members!r}, {tenant!r})
+        g = torch.Generator().manual_seed(5)
+        for t in caches.values():
+            t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+        req = vllm_request("writer", {PROMPT!r})
+        vllm_match(sched, req, 0)
+        sched.update_state_after_alloc(req, vllm_blocks([3, 4, 5, 6]), 0)
+        vllm_step(sched, worker, [req], {{"writer": [3, 4, 5, 6]}})
+        want = block_digest(caches, [3, 4, 5])
+        wc = worker._client.get()
+
+        sched2, worker2, caches2 = vllm_connectors({rdma_members!r}, {tenant!r})
+        req = vllm_request("reader", {PROMPT!r})
+        n, _ = vllm_match(sched2, req, 0)
+        sched2.update_state_after_alloc(req, vllm_blocks([9, 10, 11, 12]), n)
+        req.num_computed_tokens = n
+        vllm_step(sched2, worker2, [req], {{"reader": [9, 10, 11, 12]}})
+        rc = worker2._client.get()
+        names = ["dfkv_rdma_mr_pool_ops_total", "dfkv_rdma_mr_adhoc_registrations_total",
+                 "dfkv_rdma_staged_ops_total", "dfkv_rdma_v2_put_writes_total"]
+        print(json.dumps({{"n": n, "loaded": worker2.loaded_last, "same": block_digest(caches2, [9, 10, 11]) == want,
+                           "modes": [wc.transport_mode, rc.transport_mode],
+                           "writer": {{k: stat(wc, k) for k in names}}, "reader": {{k: stat(rc, k) for k in names}}}}))
+    """, env={"DFKV_RDMA": "1", "DFKV_RDMA_PROVIDER": "soft"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["n"] == 3 * VLLM_BLOCK and out["loaded"] == {"reader": 3} and out["same"], out
+    assert out["modes"] == ["rdma", "rdma"], out
+    w, rd = out["writer"], out["reader"]
+    assert w["dfkv_rdma_v2_put_writes_total"] == 3 and w["dfkv_rdma_mr_pool_ops_total"] == 3, out
+    assert rd["dfkv_rdma_mr_pool_ops_total"] == 3, out
+    for side in (w, rd):
+        assert side["dfkv_rdma_mr_adhoc_registrations_total"] == 0 and side["dfkv_rdma_staged_ops_total"] == 0, out

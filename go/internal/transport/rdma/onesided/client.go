@@ -59,6 +59,7 @@ type Client struct {
 
 	mu     sync.Mutex
 	user   []verbs.MR // registered caller memory, sorted by address
+	mrs    mrCache    // transient MRs for unregistered caller memory
 	broken error
 	next   int
 	sqMax  int   // send queue capacity
@@ -76,6 +77,7 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	if c.M == nil {
 		c.M = new(Metrics)
 	}
+	c.mrs = mrCache{limit: cfg.MRCacheBytes, m: c.M}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -185,6 +187,7 @@ func (c *Client) Close() error {
 		m.Close()
 	}
 	c.user = nil
+	c.mrs.close()
 	c.mu.Unlock()
 	for _, b := range []*verbs.Buffer{c.hdrBuf, c.stageBuf, c.respBuf} {
 		if b != nil {
@@ -250,6 +253,15 @@ type pending struct {
 	slot    int
 	bounce  bool // GET landed in the staging slot; copy out
 	capSize uint64
+	tmp     []*mrEntry // transient MRs the op uses, released when it completes
+}
+
+// done releases p's transient MRs (its op completed, or the connection broke).
+func (c *Client) done(p *pending) {
+	for _, e := range p.tmp {
+		c.mrs.release(e)
+	}
+	p.tmp = nil
 }
 
 // Do runs ops with up to depth requests in flight; replies complete strictly in order. A
@@ -266,10 +278,16 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 		op.Status, op.ValueLen, op.N = fb.StatusUnavailable, 0, 0
 	}
 	var window []pending
+	defer func() { // a broken connection: what was in flight lets go of its transient MRs
+		for i := range window {
+			c.done(&window[i])
+		}
+	}()
 	for i := 0; i < len(ops) || len(window) > 0; {
 		if i < len(ops) && len(window) < c.depth {
 			p, err := c.post(ctx, ops[i])
 			if err != nil {
+				c.done(&p)
 				if errors.Is(err, ErrBroken) {
 					return c.breakLocked(err)
 				}
@@ -284,6 +302,7 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 		if err := c.complete(ctx, window[0]); err != nil {
 			return c.breakLocked(err)
 		}
+		c.done(&window[0])
 		window = window[1:]
 	}
 	return nil
@@ -318,8 +337,9 @@ func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
 			return p, fmt.Errorf("onesided: value of %d bytes (1..%d)", total, c.tail.MaxBlock)
 		}
 		req.PayloadLen = total
-		sgl, ok := c.gather(op.Value)
-		if !ok { // unregistered memory or too many pieces: copy into the staging slot
+		sgl, ok := c.gather(op.Value, &p)
+		if !ok { // small unregistered pieces or too many of them: copy into the staging slot
+			c.M.StagedOps.Add(1)
 			st := c.stageBuf.Bytes()[uint64(slot)*c.slotB:]
 			off := 0
 			for _, v := range op.Value {
@@ -345,18 +365,26 @@ func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
 		}
 		p.capSize = capacity
 		registered := c2 <= int(c.tail.MaxTargets)
+		pool := true
 		for _, d := range op.Dst {
-			if len(d) == 0 {
+			if len(d) == 0 || !registered {
 				continue
 			}
-			m, off := c.findLocked(d)
+			m, off, inPool := c.memFor(d, &p)
 			if m == nil {
 				registered = false
 				break
 			}
+			pool = pool && inPool
 			tg = append(tg, target{addr: m.Addr() + uint64(off), rkey: m.RKey() ^ testTargetRKeyXor, len: uint32(len(d))})
 		}
+		if registered && pool {
+			c.M.MRPoolOps.Add(1)
+		}
 		if !registered {
+			c.done(&p)
+			c.M.StagedOps.Add(1)
+			tg = tg[:0]
 			n := min(capacity, c.slotB)
 			tg = []target{{addr: c.stage.Addr() + uint64(slot)*c.slotB, rkey: c.stage.RKey(), len: uint32(n)}}
 			p.bounce = true
@@ -403,20 +431,53 @@ func (c *Client) postWRs(ctx context.Context, slot int, wrs []verbs.SendWR) erro
 	return nil
 }
 
-// gather returns SGEs for vs when all lie in registered memory and fit one WR.
-func (c *Client) gather(vs [][]byte) ([]verbs.SGE, bool) {
+// gather returns SGEs for vs when every piece lies in registered memory (a pool or a
+// transient MR, referenced by p) and they fit one WR; else p holds no transient MR.
+func (c *Client) gather(vs [][]byte, p *pending) ([]verbs.SGE, bool) {
 	var sgl []verbs.SGE
+	pool := true
 	for _, v := range vs {
 		if len(v) == 0 {
 			continue
 		}
-		m, off := c.findLocked(v)
+		m, off, inPool := c.memFor(v, p)
 		if m == nil {
+			c.done(p)
 			return nil, false
 		}
+		pool = pool && inPool
 		sgl = append(sgl, verbs.SGEOf(m, off, len(v)))
 	}
-	return sgl, len(sgl) <= min(max(c.ctx.Info().MaxSGE, 1), 16)
+	if len(sgl) > min(max(c.ctx.Info().MaxSGE, 1), 16) {
+		c.done(p)
+		return nil, false
+	}
+	if pool {
+		c.M.MRPoolOps.Add(1)
+	}
+	return sgl, true
+}
+
+// memFor resolves one piece of caller memory to the MR that covers it: a registered pool
+// (inPool), else a cached or new transient MR (referenced by p until its op completes);
+// nil when the piece is better copied (small) or cannot be registered.
+func (c *Client) memFor(b []byte, p *pending) (mr verbs.MR, off int, inPool bool) {
+	if m, off := c.findLocked(b); m != nil {
+		return m, off, true
+	}
+	if len(b) < c.cfg.AdhocMinBytes {
+		return nil, 0, false
+	}
+	if e, off := c.mrs.find(b); e != nil {
+		p.tmp = append(p.tmp, e)
+		return e.mr, off, false
+	}
+	e, err := c.mrs.register(c.pd, b)
+	if err != nil {
+		return nil, 0, false
+	}
+	p.tmp = append(p.tmp, e)
+	return e.mr, 0, false
 }
 
 // reapSend polls send completions: they reclaim send queue entries and carry errors.
@@ -549,9 +610,11 @@ func (c *Client) postV1(ctx context.Context, op *Op) (pending, error) {
 			return p, fmt.Errorf("onesided: value of %d bytes (1..%d)", total, c.tail.MaxBlock)
 		}
 		req.PayloadLen = total
-		if g, ok := c.gather(op.Value); ok && len(g)+1 <= min(max(c.ctx.Info().MaxSGE, 1), 16) {
+		if g, ok := c.gatherPool(op.Value); ok && len(g)+1 <= min(max(c.ctx.Info().MaxSGE, 1), 16) {
 			sgl = append(sgl, g...)
+			c.M.MRPoolOps.Add(1)
 		} else {
+			c.M.StagedOps.Add(1)
 			st := c.stageBuf.Bytes()[uint64(slot)*c.slotB:]
 			off := 0
 			for _, v := range op.Value {
@@ -574,4 +637,21 @@ func (c *Client) postV1(ctx context.Context, op *Op) (pending, error) {
 	}
 	req.Encode(hdr)
 	return p, c.postWRs(ctx, slot, []verbs.SendWR{{ID: uint64(slot), Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGL: sgl}})
+}
+
+// gatherPool returns SGEs for vs when every piece lies in a registered pool (v1: a SEND
+// copies on the server anyway, so no transient MRs are made for it).
+func (c *Client) gatherPool(vs [][]byte) ([]verbs.SGE, bool) {
+	var sgl []verbs.SGE
+	for _, v := range vs {
+		if len(v) == 0 {
+			continue
+		}
+		m, off := c.findLocked(v)
+		if m == nil {
+			return nil, false
+		}
+		sgl = append(sgl, verbs.SGEOf(m, off, len(v)))
+	}
+	return sgl, true
 }

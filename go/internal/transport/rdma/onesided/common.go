@@ -34,6 +34,13 @@ type Config struct {
 	// Metrics, when set, is shared by the connections (a client's pool); else each Client
 	// and Server has its own.
 	Metrics *Metrics
+	// MRCacheBytes bounds a client connection's cache of transient MRs (ad-hoc
+	// registrations of unregistered caller memory): 0 = 32 MiB; < 0 = no cache, every
+	// ad-hoc MR is deregistered when its op completes (memory Go does not own: the C ABI).
+	MRCacheBytes int64
+	// AdhocMinBytes: unregistered pieces smaller than this are copied through the staging
+	// slot instead of registered (registration costs more than a small copy); 0 = 16 KiB.
+	AdhocMinBytes int
 }
 
 func (c *Config) defaults() {
@@ -54,6 +61,12 @@ func (c *Config) defaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.MRCacheBytes == 0 {
+		c.MRCacheBytes = 32 << 20
+	}
+	if c.AdhocMinBytes <= 0 {
+		c.AdhocMinBytes = 16 << 10
 	}
 }
 
@@ -119,24 +132,52 @@ type Metrics struct {
 	ZeroCopyGets     atomic.Int64 // GETs written straight from the RAM tier's arena
 	V1Puts           atomic.Int64
 	V1Gets           atomic.Int64
+
+	// Memory registration (docs/RDMA.md, "MR pool"): requests whose caller memory lay in a
+	// registered pool (RegisterMemory; on the server the RAM tier's arena), ad-hoc MRs
+	// registered for unregistered memory (cache hits, evictions, releases, failures, the
+	// cache's bytes), and requests copied through a staging slot instead.
+	MRPoolOps        atomic.Int64
+	MRAdhocRegs      atomic.Int64
+	MRAdhocReleased  atomic.Int64
+	MRAdhocFailures  atomic.Int64
+	MRCacheHits      atomic.Int64
+	MRCacheEvictions atomic.Int64
+	MRCacheBytes     atomic.Int64
+	StagedOps        atomic.Int64
+	// IdleReclaims: pooled connections closed after sitting idle past the idle timeout.
+	IdleReclaims atomic.Int64
+	// PoolFull: a client op found every RDMA connection to its server busy (MaxConns) and
+	// went over TCP.
+	PoolFull atomic.Int64
 }
 
 // Snapshot returns the metrics by their exported names.
 func (m *Metrics) Snapshot() map[string]float64 {
 	return map[string]float64{
-		"dfkv_rdma_v1_conns_opened_total":   float64(m.V1ConnsOpened.Load()),
-		"dfkv_rdma_v2_conns_opened_total":   float64(m.V2ConnsOpened.Load()),
-		"dfkv_rdma_v2_put_writes_total":     float64(m.V2PutWrites.Load()),
-		"dfkv_rdma_v2_get_writes_total":     float64(m.V2GetWrites.Load()),
-		"dfkv_rdma_completions_total":       float64(m.Completions.Load()),
-		"dfkv_rdma_completion_errors_total": float64(m.CompletionErrors.Load()),
-		"dfkv_rdma_active_conns":            float64(m.ActiveConns.Load()),
-		"dfkv_rdma_refused_total":           float64(m.Refused.Load()),
-		"dfkv_rdma_pin_waits_total":         float64(m.PinWaits.Load()),
-		"dfkv_rdma_pins_held":               float64(m.PinsHeld.Load()),
-		"dfkv_rdma_v2_get_zero_copy_total":  float64(m.ZeroCopyGets.Load()),
-		"dfkv_rdma_v1_puts_total":           float64(m.V1Puts.Load()),
-		"dfkv_rdma_v1_gets_total":           float64(m.V1Gets.Load()),
+		"dfkv_rdma_v1_conns_opened_total":        float64(m.V1ConnsOpened.Load()),
+		"dfkv_rdma_v2_conns_opened_total":        float64(m.V2ConnsOpened.Load()),
+		"dfkv_rdma_v2_put_writes_total":          float64(m.V2PutWrites.Load()),
+		"dfkv_rdma_v2_get_writes_total":          float64(m.V2GetWrites.Load()),
+		"dfkv_rdma_completions_total":            float64(m.Completions.Load()),
+		"dfkv_rdma_completion_errors_total":      float64(m.CompletionErrors.Load()),
+		"dfkv_rdma_active_conns":                 float64(m.ActiveConns.Load()),
+		"dfkv_rdma_refused_total":                float64(m.Refused.Load()),
+		"dfkv_rdma_pin_waits_total":              float64(m.PinWaits.Load()),
+		"dfkv_rdma_pins_held":                    float64(m.PinsHeld.Load()),
+		"dfkv_rdma_v2_get_zero_copy_total":       float64(m.ZeroCopyGets.Load()),
+		"dfkv_rdma_v1_puts_total":                float64(m.V1Puts.Load()),
+		"dfkv_rdma_v1_gets_total":                float64(m.V1Gets.Load()),
+		"dfkv_rdma_mr_pool_ops_total":            float64(m.MRPoolOps.Load()),
+		"dfkv_rdma_mr_adhoc_registrations_total": float64(m.MRAdhocRegs.Load()),
+		"dfkv_rdma_mr_adhoc_releases_total":      float64(m.MRAdhocReleased.Load()),
+		"dfkv_rdma_mr_adhoc_failures_total":      float64(m.MRAdhocFailures.Load()),
+		"dfkv_rdma_mr_cache_hits_total":          float64(m.MRCacheHits.Load()),
+		"dfkv_rdma_mr_cache_evictions_total":     float64(m.MRCacheEvictions.Load()),
+		"dfkv_rdma_mr_cache_bytes":               float64(m.MRCacheBytes.Load()),
+		"dfkv_rdma_staged_ops_total":             float64(m.StagedOps.Load()),
+		"dfkv_rdma_idle_reclaims_total":          float64(m.IdleReclaims.Load()),
+		"dfkv_rdma_pool_full_total":              float64(m.PoolFull.Load()),
 	}
 }
 

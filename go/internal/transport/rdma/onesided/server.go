@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/store"
@@ -148,6 +149,35 @@ func (s *Server) Serve(ctx context.Context, boot net.Conn) error {
 	return s.serveV2(ctx, boot, offer)
 }
 
+// watch returns a context that ends when boot closes (the TCP connection is the RDMA
+// connection's liveness signal), when ctx ends, or when the server stops (Close): the CQ
+// waits of the connection's loop take it, so they wake. The returned stop wakes the boot
+// reader and joins both watchers, so that a Serve that returned left no goroutine behind.
+func (s *Server) watch(ctx context.Context, boot net.Conn) (context.Context, func()) {
+	cctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		var b [1]byte
+		boot.Read(b[:])
+		cancel()
+	}()
+	go func() {
+		defer wg.Done()
+		select {
+		case <-s.stop:
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	return cctx, func() {
+		cancel()
+		boot.SetReadDeadline(time.Now()) // wakes the reader; the session is over either way
+		wg.Wait()
+	}
+}
+
 func (s *Server) rail(qpn, psn uint32) dcp.Rail {
 	return dcp.Rail{Device: s.ctx.Info().Name, Port: s.port.Num, LID: s.port.LID, GID: s.port.GID, QPNum: qpn, PSN: psn, MTU: s.port.MTU}
 }
@@ -252,21 +282,8 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 	s.M.ActiveConns.Add(1)
 	defer s.M.ActiveConns.Add(-1)
 
-	// The TCP connection is the liveness signal: when it closes, the RDMA connection ends.
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		var b [1]byte
-		boot.Read(b[:])
-		cancel()
-	}()
-	go func() {
-		select {
-		case <-s.stop:
-			cancel()
-		case <-cctx.Done():
-		}
-	}()
+	cctx, stop := s.watch(ctx, boot)
+	defer stop()
 	err = c.loop(cctx)
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -446,7 +463,9 @@ func (c *serverConn) handle(req wire.Request, slot int, b []byte) ([]verbs.SendW
 			srcMR, srcOff = s.arenaMR, addrOf0(v)-s.arenaMR.Addr()
 			c.release[slot] = release
 			s.M.ZeroCopyGets.Add(1)
+			s.M.MRPoolOps.Add(1)
 		} else {
+			s.M.StagedOps.Add(1)
 			stage := c.stageBuf.Bytes()[uint64(slot)*c.slot : uint64(slot+1)*c.slot]
 			var err error
 			n, err = store.ReadInto(s.engine, key, stage)

@@ -69,20 +69,8 @@ func (s *Server) serveV1(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 	s.M.V1ConnsOpened.Add(1)
 	s.M.ActiveConns.Add(1)
 	defer s.M.ActiveConns.Add(-1)
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		var b [1]byte
-		boot.Read(b[:])
-		cancel()
-	}()
-	go func() {
-		select {
-		case <-s.stop:
-			cancel()
-		case <-cctx.Done():
-		}
-	}()
+	cctx, stop := s.watch(ctx, boot)
+	defer stop()
 	err = c.loopV1(cctx)
 	if errors.Is(err, context.Canceled) {
 		return nil
