@@ -81,12 +81,23 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	e.nWrites.Add(1)
 	e.nWriteBytes.Add(n)
 
+	// The value this Put replaces (if any) is pinned, so that its slot cannot be reused
+	// under the tombstone written below, and tombstoned in the same group commit as the new
+	// record: an overwrite pays one shared fdatasync, not two. A crash between the two
+	// writes leaves either both records live (the higher sequence wins at rebuild) or the
+	// old one dead and the new one absent: a miss, never the older value after the ack.
+	prev := e.pinCurrent(key)
+	if prev != nil {
+		defer e.unpin(prev)
+	}
+
 	seq := e.seq.Add(1)
 	rec := record{State: stateLive, Class: uint16(ci), Key: key, Length: uint32(size), CRC: crc,
 		Seq: seq, Address: e.address(s), Epoch: e.epoch}
 	// The evicted values' tombstones share the fsync of this record.
 	var tombBuf [8]*slot
 	tombs, _ := e.writeTombstones(evicted, tombBuf[:0])
+	prevTomb := prev != nil && e.writeTombstone(prev) == nil
 	err = e.writeRecord(&rec)
 	e.finishTombstones(tombs, err)
 	if err != nil {
@@ -95,6 +106,11 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 		e.killLocked(s, false)
 		e.allocMu.Unlock()
 		_ = e.retire([]*slot{s}) // the record may be on disk: tombstone before reuse
+		if prevTomb {
+			// The previous value's tombstone may be on disk: it must not outlive a restart
+			// as the key's value, so it leaves the index now (a miss, never wrong bytes).
+			e.drop(key, prev)
+		}
 		return fmt.Errorf("slab: put %s: record of extent %d slot %d: %w", key.ID, ext.idx, s.idx, err)
 	}
 
@@ -134,12 +150,32 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	}
 	e.allocMu.Unlock()
 	if old != nil {
-		// Wait for the old tombstone so that a later Remove cannot resurrect it on restart.
+		if old == prev && prevTomb {
+			// Its tombstone was durable with this Put's record; the slot is released when
+			// the last pin (this Put's included) drops.
+			old.tombDone.Store(true)
+			return nil
+		}
+		// Replaced by a value this Put did not see (a concurrent Put won in between):
+		// wait for its tombstone so that a later Remove cannot resurrect it on restart.
 		if err := e.retire([]*slot{old}); err != nil {
 			return fmt.Errorf("slab: put %s: retire previous value: %w", key.ID, err)
 		}
 	}
 	return nil
+}
+
+// pinCurrent pins and returns key's current slot, or nil.
+func (e *Engine) pinCurrent(key store.Key) *slot {
+	sh := e.shardOf(key)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	s := sh.m[key]
+	if s != nil {
+		s.pins.Add(1)
+		s.ext.pins.Add(1)
+	}
+	return s
 }
 
 // Get reads the value into an aligned buffer, verifies its CRC32C and hands it to fn.
@@ -343,23 +379,32 @@ func (e *Engine) retire(victims []*slot) error {
 // writeTombstones writes (without syncing) the tombstones of dead slots, appending the
 // slots whose write succeeded to ok; a slot whose write fails is quarantined.
 func (e *Engine) writeTombstones(victims, ok []*slot) ([]*slot, error) {
-	var b [recordSize]byte
 	var firstErr error
 	for _, s := range victims {
-		r := record{State: stateTombstone, Class: uint16(s.ext.class), Key: s.key,
-			Seq: e.seq.Add(1), Address: e.address(s), Epoch: e.epoch}
-		r.encode(b[:])
-		if err := writeAt(e.tbl, b[:], int64(r.Address)*recordSize); err != nil {
-			e.nIO.Add(1)
+		if err := e.writeTombstone(s); err != nil {
 			e.quarantine(s)
 			if firstErr == nil {
-				firstErr = fmt.Errorf("tombstone extent %d slot %d: %w", s.ext.idx, s.idx, ioErr(err))
+				firstErr = err
 			}
 			continue
 		}
 		ok = append(ok, s)
 	}
 	return ok, firstErr
+}
+
+// writeTombstone writes (without syncing) the tombstone of a slot the caller keeps from
+// reuse (dead and unreleased, or pinned).
+func (e *Engine) writeTombstone(s *slot) error {
+	var b [recordSize]byte
+	r := record{State: stateTombstone, Class: uint16(s.ext.class), Key: s.key,
+		Seq: e.seq.Add(1), Address: e.address(s), Epoch: e.epoch}
+	r.encode(b[:])
+	if err := writeAt(e.tbl, b[:], int64(r.Address)*recordSize); err != nil {
+		e.nIO.Add(1)
+		return fmt.Errorf("tombstone extent %d slot %d: %w", s.ext.idx, s.idx, ioErr(err))
+	}
+	return nil
 }
 
 // finishTombstones releases slots whose tombstones were written, once the table sync

@@ -1,0 +1,142 @@
+//go:build linux
+
+package slab
+
+import (
+	"bytes"
+	"errors"
+	"syscall"
+	"testing"
+
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/vfs"
+)
+
+func (g *groupSync) count() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.syncs
+}
+
+// TestOverwriteOneSync: the replaced value's tombstone rides in the new record's group
+// commit, so an overwrite of an on-disk key costs one table fdatasync, like a fresh Put.
+func TestOverwriteOneSync(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	e := mustOpen(t, cfg)
+	k := testKey(1)
+	for ver := range 4 {
+		before := e.tblSync.count()
+		mustPut(t, e, k, testValue(ver, 7000+ver*60000)) // several classes
+		if n := e.tblSync.count() - before; n != 1 {
+			t.Fatalf("version %d: %d table syncs, want 1", ver, n)
+		}
+		mustGet(t, e, k, testValue(ver, 7000+ver*60000))
+	}
+	if s := e.Stats(); s.Objects != 1 {
+		t.Fatalf("objects = %d, want 1", s.Objects)
+	}
+	// Every replaced slot was released: the old versions' slots are reusable.
+	e.allocMu.Lock()
+	pending := 0
+	for _, c := range e.classes {
+		pending += c.pending
+	}
+	e.allocMu.Unlock()
+	if pending != 0 {
+		t.Fatalf("%d dead slots still pending after the overwrites", pending)
+	}
+	// Overwrite, Remove, crash: the Remove must not resurrect an older version.
+	mustPut(t, e, testKey(2), testValue(20, 9000))
+	mustPut(t, e, testKey(2), testValue(21, 9000))
+	if err := e.Remove(testKey(2)); err != nil {
+		t.Fatal(err)
+	}
+	e.abandon()
+	e2 := mustOpen(t, cfg)
+	mustGet(t, e2, k, testValue(3, 7000+3*60000))
+	mustNotFound(t, e2, testKey(2))
+}
+
+// TestOverwriteFaults injects table faults into an overwrite (table writes: the old value's
+// tombstone first, then the new record, then one fdatasync). The overwrite either succeeds
+// or fails; whatever happens, the key then reads as a byte-exact version or a miss, before
+// and after a restart, and a failed overwrite never leaves the older version readable
+// once its tombstone may be on disk.
+func TestOverwriteFaults(t *testing.T) {
+	oldV, newV := testValue(1, 20000), testValue(2, 20000)
+	tests := []struct {
+		name    string
+		fault   vfs.Fault
+		fails   bool // the overwrite must fail
+		crash   bool
+		wantNew bool // the key must read as the new version afterwards
+	}{
+		{name: "EIO on the old value's tombstone", fault: vfs.Fault{Ops: vfs.OpWrite, Path: tableName, Err: syscall.EIO, Times: 1},
+			wantNew: true},
+		{name: "EIO on the new record", fault: vfs.Fault{Ops: vfs.OpWrite, Path: tableName, Err: syscall.EIO, Skip: 1, Times: 1},
+			fails: true},
+		{name: "torn new record then crash", fault: vfs.Fault{Ops: vfs.OpWrite, Path: tableName, Err: syscall.EIO, Skip: 1, Times: 1, Partial: true},
+			fails: true, crash: true},
+		{name: "fdatasync failure then crash", fault: vfs.Fault{Ops: vfs.OpSync, Path: tableName, Err: syscall.EIO, Times: 1},
+			fails: true, crash: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			inj := vfs.NewInjector(vfs.Default)
+			cfg := testConfig(t.TempDir())
+			cfg.FS = inj
+			e, err := Open(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := testKey(7)
+			mustPut(t, e, k, oldV)
+			mustPut(t, e, testKey(8), testValue(8, 5000)) // a bystander
+			inj.Inject(tc.fault)
+			err = put(e, k, newV)
+			if inj.Injected() == 0 {
+				t.Fatal("the fault never fired")
+			}
+			if tc.fails != (err != nil) {
+				t.Fatalf("overwrite = %v, want failure %v", err, tc.fails)
+			}
+			inj.Reset()
+			check := func(e *Engine, when string) {
+				t.Helper()
+				got, err := get(e, k)
+				switch {
+				case tc.wantNew:
+					if err != nil || !bytes.Equal(got, newV) {
+						t.Fatalf("%s: %d bytes, %v; want the new version", when, len(got), err)
+					}
+				case tc.fails && when == "after the fault":
+					// The old version's tombstone may be on disk: it must be gone now.
+					if !errors.Is(err, store.ErrNotFound) {
+						t.Fatalf("%s: %d bytes, %v; want a miss", when, len(got), err)
+					}
+				case err == nil:
+					if !bytes.Equal(got, newV) && !bytes.Equal(got, oldV) {
+						t.Fatalf("%s: wrong bytes", when)
+					}
+				case !errors.Is(err, store.ErrNotFound):
+					t.Fatalf("%s: %v", when, err)
+				}
+				mustGet(t, e, testKey(8), testValue(8, 5000))
+			}
+			check(e, "after the fault")
+			if tc.crash {
+				e.abandon()
+			} else if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			cfg.FS = nil
+			e2 := mustOpen(t, cfg)
+			check(e2, "after restart")
+			if s := e2.Stats(); s.CorruptReads != 0 {
+				t.Fatalf("CorruptReads = %d", s.CorruptReads)
+			}
+			mustPut(t, e2, k, testValue(3, 9000))
+			mustGet(t, e2, k, testValue(3, 9000))
+		})
+	}
+}
