@@ -169,12 +169,13 @@ func BenchmarkWriteBackPut64KiB(b *testing.B) {
 	}
 }
 
-// Sustained write-back: distinct 1 MiB keys from 4 writers with a dirty budget (32 MiB)
-// that fills at once, so the run is bounded by the flushers; the clock stops when every
+// Sustained write-back: distinct 1 MiB keys from 4 writers with a dirty budget (128 MiB)
+// that fills early, so the run is bounded by the flushers; the clock stops when every
 // dirty byte is on disk. "odirect" is the reference: raw O_DIRECT|O_DSYNC writes of the
 // same size and concurrency to distinct offsets of a preallocated file in the same file
 // system (what tools/bench compare's put_1MiB_wb_sustained line compares with). Run with
-// a fixed count, e.g. -benchtime=1500x (the slab holds 1 GiB and evicts beyond it).
+// a fixed count of at least 3x the budget, e.g. -benchtime=2000x (the slab holds 1 GiB and
+// evicts beyond it).
 func BenchmarkWriteBackSustained1MiB(b *testing.B) {
 	const workers = 4
 	const capacity = 1024 * mib
@@ -218,8 +219,8 @@ func BenchmarkWriteBackSustained1MiB(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer e.Close()
-			tr := newTier(b, e, Config{ArenaBytes: 128 * mib, Shards: 8, Policy: WriteBack,
-				DirtyBytes: 32 * mib, FlushThreads: flushers})
+			tr := newTier(b, e, Config{ArenaBytes: 256 * mib, Shards: 8, Policy: WriteBack,
+				DirtyBytes: 128 * mib, FlushThreads: flushers, DirtyWait: 2 * time.Second}) // as tools/bench
 			v := val(1, benchSize)
 			var next atomic.Int64
 			var wg sync.WaitGroup

@@ -140,3 +140,84 @@ func TestOverwriteFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestPutFromBatch: a batch (new keys, overwrites of durable keys, one invalid item) costs
+// one table sync; every valid item is durable and readable, the invalid one is refused
+// alone; a table sync failure fails every item of the batch and leaves each key a miss or
+// a byte-exact version, before and after a crash.
+func TestPutFromBatch(t *testing.T) {
+	inj := vfs.NewInjector(vfs.Default)
+	cfg := testConfig(t.TempDir())
+	cfg.FS = inj
+	e, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	size := func(i, ver int) int { return 3000 + i*11000 + ver*100 }
+	for i := range 3 { // keys 0..2 exist: the batch overwrites them
+		mustPut(t, e, testKey(i), testValue(i, size(i, 0)))
+	}
+	batch := func(ver int) ([]store.DirectItem, []error) {
+		items := make([]store.DirectItem, n+1)
+		for i := range n {
+			buf := alignedBuf(t, int(alignUp(int64(size(i, ver)))))
+			copy(buf, testValue(i*10+ver, size(i, ver)))
+			items[i] = store.DirectItem{Key: testKey(i), Src: buf, Size: size(i, ver)}
+		}
+		items[n] = store.DirectItem{Key: testKey(n), Src: alignedBuf(t, 8192)[1:], Size: 100} // unaligned
+		return items, make([]error, n+1)
+	}
+	items, errs := batch(1)
+	before := e.tblSync.count()
+	e.PutFromBatch(items, errs)
+	if s := e.tblSync.count() - before; s != 1 {
+		t.Fatalf("%d table syncs for a batch, want 1", s)
+	}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("item %d: %v", i, errs[i])
+		}
+		mustGet(t, e, testKey(i), testValue(i*10+1, size(i, 1)))
+	}
+	if !errors.Is(errs[n], store.ErrInvalid) {
+		t.Fatalf("unaligned item: %v", errs[n])
+	}
+	mustNotFound(t, e, testKey(n))
+
+	// The table cannot sync: every item fails; nothing reads wrong.
+	inj.Inject(vfs.Fault{Ops: vfs.OpSync, Path: tableName, Err: syscall.EIO, Times: 1})
+	items, errs = batch(2)
+	e.PutFromBatch(items[:n], errs[:n])
+	check := func(e *Engine, when string) {
+		t.Helper()
+		for i := range n {
+			got, err := get(e, testKey(i))
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil || (!bytes.Equal(got, testValue(i*10+1, size(i, 1))) && !bytes.Equal(got, testValue(i*10+2, size(i, 2)))) {
+				t.Fatalf("%s: key %d: %d bytes, %v", when, i, len(got), err)
+			}
+		}
+	}
+	for i := range n {
+		if !errors.Is(errs[i], store.ErrIO) {
+			t.Fatalf("item %d under a sync failure: %v", i, errs[i])
+		}
+	}
+	inj.Reset()
+	check(e, "after the failed batch")
+	e.abandon()
+	cfg.FS = nil
+	e2 := mustOpen(t, cfg)
+	check(e2, "after restart")
+	items, errs = batch(3)
+	e2.PutFromBatch(items[:n], errs[:n])
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("item %d after restart: %v", i, errs[i])
+		}
+		mustGet(t, e2, testKey(i), testValue(i*10+3, size(i, 3)))
+	}
+}
