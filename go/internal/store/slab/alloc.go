@@ -309,14 +309,32 @@ func (e *Engine) reclaimLocked(ci int) []*slot {
 	if steal != nil && (own == math.MaxInt64 || steal.lastAccess.Load() < own) {
 		return e.drainLocked(steal)
 	}
-	if s := e.clockVictimLocked(ci); s != nil {
+	// CLOCK victims are evicted a few at a time: their tombstones must be durable before
+	// the slots are reused, and one commit for several victims leaves free slots for the
+	// PUTs that follow, so a full cache's PUT does not pay a victim commit of its own
+	// before its record's commit every time.
+	var victims []*slot
+	for range reclaimBatch(c.size) {
+		s := e.clockVictimLocked(ci)
+		if s == nil {
+			break
+		}
 		e.evictLocked(s)
-		return []*slot{s}
+		victims = append(victims, s)
+	}
+	if len(victims) > 0 {
+		return victims
 	}
 	if steal != nil {
 		return e.drainLocked(steal)
 	}
 	return nil
+}
+
+// reclaimBatch is how many CLOCK victims one reclaim evicts in a class of slot size cs:
+// up to 8, at most 16 MiB of slots (at least one).
+func reclaimBatch(cs int64) int {
+	return int(min(8, max(1, (16<<20)/cs)))
 }
 
 // drainLocked empties an extent for reassignment: every live value is evicted and free

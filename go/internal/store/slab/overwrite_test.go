@@ -221,3 +221,34 @@ func TestPutFromBatch(t *testing.T) {
 		mustGet(t, e2, testKey(i), testValue(i*10+3, size(i, 3)))
 	}
 }
+
+// TestEvictingPutsShareVictimCommits: in a full cache every Put evicts. CLOCK victims are
+// evicted several at a time, so their tombstone commits are shared: 40 evicting Puts cost
+// about 40 record commits plus 40/8 victim commits (one victim per Put, each with its own
+// commit before its record's, was 80).
+func TestEvictingPutsShareVictimCommits(t *testing.T) {
+	e := mustOpen(t, testConfig(t.TempDir()))
+	const size = 60000
+	i := 0
+	for ; e.Stats().Evictions == 0; i++ {
+		if i > 1000 {
+			t.Fatal("no eviction after 1000 Puts")
+		}
+		mustPut(t, e, testKey(i), testValue(i, size))
+	}
+	const n = 40
+	before, ev := e.tblSync.count(), e.Stats().Evictions
+	for j := range n {
+		mustPut(t, e, testKey(i+j), testValue(i+j, size))
+	}
+	syncs := e.tblSync.count() - before
+	if evicted := e.Stats().Evictions - ev; evicted < n-8 {
+		t.Fatalf("%d evictions for %d Puts into a full cache", evicted, n)
+	}
+	if max := uint64(n + n/8 + 2); syncs > max {
+		t.Fatalf("%d table syncs for %d evicting Puts, want at most %d", syncs, n, max)
+	}
+	for j := range n {
+		mustGet(t, e, testKey(i+j), testValue(i+j, size))
+	}
+}
