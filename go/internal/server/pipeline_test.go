@@ -180,3 +180,38 @@ func TestPutPipelineShutdown(t *testing.T) {
 		t.Fatal("connection still open after the drain")
 	}
 }
+
+// TestPutPipelineTruncatedPayload: the peer goes away in the middle of a PUT's payload
+// while an earlier PUT is in flight. The earlier PUT still completes and is stored, the
+// truncated one stores nothing, and the server drains without hanging.
+func TestPutPipelineTruncatedPayload(t *testing.T) {
+	g := newGated()
+	n := startNode(t, server.Config{Engine: g})
+	rc := dialRaw(t, n.addr)
+	rc.send(wire.Request{Op: fb.OpPut, ID: identity.ObjectID{Hi: 1}, PayloadLen: 3}, []byte("one"))
+	g.expectFilled(t, 1)
+	var b [wire.RequestSize]byte
+	(&wire.Request{Op: fb.OpPut, ID: identity.ObjectID{Hi: 2}, PayloadLen: 100}).Encode(b[:])
+	if _, err := rc.nc.Write(append(b[:], "partial"...)); err != nil {
+		t.Fatal(err)
+	}
+	rc.nc.Close()
+	close(g.gate(1))
+	close(g.gate(2))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if err := g.Engine.Get(store.Key{ID: identity.ObjectID{Hi: 1}}, func(v []byte) error {
+		if string(v) != "one" {
+			return fmt.Errorf("key 1 holds %q", v)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Engine.Stat(store.Key{ID: identity.ObjectID{Hi: 2}}); err == nil {
+		t.Fatal("the truncated PUT stored a value")
+	}
+}
