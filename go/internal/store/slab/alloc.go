@@ -3,6 +3,7 @@
 package slab
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -21,7 +22,10 @@ import (
 // Watermark victims evicted on the way are returned instead of retired, so that the Put
 // can make their tombstones durable in the same table fsync as its own record (the
 // caller must retire or commit them on every path).
-func (e *Engine) reserve(ci int, victimBuf []*slot) (*slot, []*slot, error) {
+//
+// With noWait it returns errWouldWait instead of waiting for a release (a batch whose own
+// reservations may be what the class waits for commits them first).
+func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot, error) {
 	cs := e.classes[ci].size
 	var deadline time.Time
 	for {
@@ -67,6 +71,12 @@ func (e *Engine) reserve(ci int, victimBuf []*slot) (*slot, []*slot, error) {
 		}
 		if !waitable {
 			return nil, nil, fmt.Errorf("no evictable slot for class %d (%d bytes): %w", ci, cs, store.ErrCacheFull)
+		}
+		if noWait {
+			e.allocMu.Lock()
+			e.waiters--
+			e.allocMu.Unlock()
+			return nil, nil, errWouldWait
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(reclaimWait)
@@ -330,6 +340,9 @@ func (e *Engine) reclaimLocked(ci int) []*slot {
 	}
 	return nil
 }
+
+// errWouldWait: reserve would have to wait for a release (see reserve's noWait).
+var errWouldWait = errors.New("slab: reservation would wait")
 
 // reclaimBatch is how many CLOCK victims one reclaim evicts in a class of slot size cs:
 // up to 8, at most 16 MiB of slots (at least one).

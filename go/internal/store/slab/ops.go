@@ -70,7 +70,7 @@ func (e *Engine) checkDirect(key store.Key, src []byte, size int) error {
 // slot of class ci: payload, then record, then index.
 func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	var st staged
-	if err := e.stage(&st, key, size, ci, buf); err != nil {
+	if err := e.stage(&st, key, size, ci, buf, false); err != nil {
 		return err
 	}
 	err := st.recErr
@@ -83,6 +83,8 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 // PutFromBatch implements store.BatchWriter: every payload and record of the batch is
 // written, then one table commit makes the records durable together, then each value is
 // published. Items whose payload write fails are reported and take no part in the commit.
+// When an item would have to wait for a slot to be released while earlier items hold
+// reservations (a small cache: they may be what it waits for), those are committed first.
 func (e *Engine) PutFromBatch(items []store.DirectItem, errs []error) {
 	if err := e.enter(); err != nil {
 		for i := range errs {
@@ -92,34 +94,43 @@ func (e *Engine) PutFromBatch(items []store.DirectItem, errs []error) {
 	}
 	defer e.leave()
 	st := make([]staged, len(items))
-	ok := make([]bool, len(items))
-	need := false
+	pending := make([]int, 0, len(items)) // staged, not yet committed
+	commit := func() {
+		need := false
+		for _, i := range pending {
+			need = need || st[i].recErr == nil
+		}
+		var commitErr error
+		if need {
+			commitErr = e.commitTable()
+		}
+		for _, i := range pending {
+			err := st[i].recErr
+			if err == nil {
+				err = commitErr
+			}
+			errs[i] = e.finish(&st[i], err)
+		}
+		pending = pending[:0]
+	}
 	for i, it := range items {
 		if err := e.checkDirect(it.Key, it.Src, it.Size); err != nil {
 			errs[i] = err
 			continue
 		}
-		if err := e.stage(&st[i], it.Key, it.Size, e.classFor(it.Size), it.Src); err != nil {
+		ci := e.classFor(it.Size)
+		err := e.stage(&st[i], it.Key, it.Size, ci, it.Src, len(pending) > 0)
+		if err == errWouldWait {
+			commit()
+			err = e.stage(&st[i], it.Key, it.Size, ci, it.Src, false)
+		}
+		if err != nil {
 			errs[i] = err
 			continue
 		}
-		ok[i] = true
-		need = need || st[i].recErr == nil
+		pending = append(pending, i)
 	}
-	var commitErr error
-	if need {
-		commitErr = e.commitTable()
-	}
-	for i := range items {
-		if !ok[i] {
-			continue
-		}
-		err := st[i].recErr
-		if err == nil {
-			err = commitErr
-		}
-		errs[i] = e.finish(&st[i], err)
-	}
+	commit()
 }
 
 // staged is a Put between its writes (payload durable, record and tombstones written) and
@@ -141,14 +152,17 @@ type staged struct {
 // stage reserves a slot, writes the payload (O_DIRECT|O_DSYNC), and writes, without
 // syncing, the evicted values' tombstones, the replaced value's tombstone and the record.
 // An error means nothing is left to finish.
-func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte) error {
+func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWait bool) error {
 	cs := e.classes[ci].size
 	n := alignUp(int64(size))
 	clear(buf[size:n]) // the tail padding must not carry stale bytes of another value
 	st.key, st.size, st.ci = key, size, ci
 	st.crc = crc32.Checksum(buf[:size], castagnoli)
 
-	s, evicted, err := e.reserve(ci, st.victimBuf[:0])
+	s, evicted, err := e.reserve(ci, st.victimBuf[:0], noWait)
+	if err == errWouldWait {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("slab: put %s (%d bytes): %w", key.ID, size, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/vfs"
@@ -250,5 +251,34 @@ func TestEvictingPutsShareVictimCommits(t *testing.T) {
 	}
 	for j := range n {
 		mustGet(t, e, testKey(i+j), testValue(i+j, size))
+	}
+}
+
+// TestPutFromBatchLargerThanClass: a batch needs more slots of one class than the cache
+// has, so later items can only evict values of the same batch: the batch commits what it
+// staged and goes on, without waiting out the reclaim timeout and without failing items.
+func TestPutFromBatchLargerThanClass(t *testing.T) {
+	e := mustOpen(t, testConfig(t.TempDir())) // 8 MiB in 1 MiB extents: 8 slots of 1 MiB
+	const n, size = 12, 1 * mib
+	items := make([]store.DirectItem, n)
+	for i := range items {
+		buf := alignedBuf(t, size)
+		copy(buf, testValue(i, size))
+		items[i] = store.DirectItem{Key: testKey(i), Src: buf, Size: size}
+	}
+	errs := make([]error, n)
+	start := time.Now()
+	e.PutFromBatch(items, errs)
+	if d := time.Since(start); d >= reclaimWait {
+		t.Fatalf("the batch took %v: it waited for its own reservations", d)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	mustGet(t, e, testKey(n-1), testValue(n-1, size)) // the newest survive
+	if s := e.Stats(); s.Objects > 8 || s.Evictions == 0 {
+		t.Fatalf("stats %+v", s)
 	}
 }
