@@ -59,8 +59,8 @@ func (p *pipeline) waitIdle() {
 	p.mu.Unlock()
 }
 
-// idle reports whether no PUT is in flight; when true, fn runs under the lock (the reader
-// may then use the reply buffer).
+// ifIdle runs fn under the lock if no PUT is in flight (the reader may then use the reply
+// buffer); otherwise the in-flight PUTs own it and fn does not run.
 func (p *pipeline) ifIdle(fn func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
