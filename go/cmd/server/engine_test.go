@@ -91,6 +91,17 @@ func TestParseFlagsAndEnv(t *testing.T) {
 	if _, err := parse([]string{"--cap", "lots"}); err == nil {
 		t.Fatal("bad size accepted")
 	}
+	if o.putWindow != 4 {
+		t.Fatalf("--put-window default %d, want 4", o.putWindow)
+	}
+	for _, w := range []string{"0", "-1", "5000"} {
+		if _, err := parse([]string{"--put-window", w}); err == nil || !strings.Contains(err.Error(), "--put-window") {
+			t.Fatalf("--put-window %s: %v", w, err)
+		}
+	}
+	if o, err := parse([]string{"--put-window", "8"}); err != nil || o.putWindow != 8 {
+		t.Fatalf("--put-window 8: %v", err)
+	}
 }
 
 func TestAutoMaxValue(t *testing.T) {

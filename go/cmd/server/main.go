@@ -37,6 +37,7 @@ type options struct {
 	accessLog                              string
 	port, metricsPort, maxConns            int
 	accessLogSample                        int
+	putWindow                              int
 	capacity, maxMsg, extent               cli.Size
 	firstReqMS, ioTimeoutMS, idleMS        int
 	showVersion                            bool
@@ -63,6 +64,7 @@ func parse(args []string) (*options, error) {
 	fs.IntVar(&o.maxConns, "max-conns", 4096, "open data connections allowed")
 	fs.IntVar(&o.firstReqMS, "first-req-ms", 30000, "a new connection must send its first request within this")
 	fs.IntVar(&o.ioTimeoutMS, "io-timeout-ms", 30000, "deadline for each payload read and reply write")
+	fs.IntVar(&o.putWindow, "put-window", server.DefaultPutWindow, "PUTs per connection whose disk write may be in flight while the connection reads the requests behind them (>= 1)")
 	fs.IntVar(&o.idleMS, "idle-timeout-ms", 600000, "close data connections idle this long")
 	fs.StringVar(&o.addrFile, "addr-file", "", "write the bound data address (host:port) to this file once listening")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
@@ -91,6 +93,9 @@ func parse(args []string) (*options, error) {
 	}
 	if o.accessLogSample < 1 {
 		return nil, fmt.Errorf("--access-log-sample %d: want at least 1 (log 1 in N requests)", o.accessLogSample)
+	}
+	if o.putWindow < 1 || o.putWindow > 1024 {
+		return nil, fmt.Errorf("--put-window %d: want 1..1024", o.putWindow)
 	}
 	if err := o.sec.Validate(); err != nil {
 		return nil, err
@@ -174,6 +179,7 @@ func serve(o *options, log *slog.Logger) error {
 		FirstRequestTimeout: time.Duration(o.firstReqMS) * time.Millisecond,
 		IOTimeout:           time.Duration(o.ioTimeoutMS) * time.Millisecond,
 		IdleTimeout:         time.Duration(o.idleMS) * time.Millisecond,
+		PutWindow:           o.putWindow,
 		SoftwareVersion:     version.Version, Logger: log, Metrics: m, AccessLog: accessLog, Auth: sec.Tokens,
 	})
 	if err != nil {

@@ -56,6 +56,8 @@ type conn struct {
 	tsSec     int64
 	tsPrefix  []byte
 	sess      *secure.Session // nil: auth off
+
+	pipe pipeline // PUTs whose device write is in flight (pipeline.go)
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -63,6 +65,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	if s.cfg.Auth != nil {
 		c.sess = s.cfg.Auth.NewSession()
 	}
+	c.pipe.init(s.cfg.PutWindow)
 	return c
 }
 
@@ -77,6 +80,7 @@ func (c *conn) interruptIfIdle() {
 func (c *conn) serve() {
 	defer c.nc.Close()
 	defer c.logPending()
+	defer c.pipe.waitIdle() // in-flight PUTs finish and reply before the socket closes
 	log := c.s.log
 	// A TLS connection completes its handshake within the first-request deadline; a peer
 	// speaking plaintext or garbage is dropped here without touching other connections.
@@ -87,6 +91,7 @@ func (c *conn) serve() {
 	}
 	for {
 		if c.s.draining.Load() {
+			c.pipe.waitIdle()
 			_ = c.flush()
 			return
 		}
@@ -94,12 +99,17 @@ func (c *conn) serve() {
 		if c.first {
 			wait = c.s.cfg.FirstRequestTimeout
 		}
-		if len(c.out) > 0 && (c.br.Buffered() == 0 || len(c.out) >= outFlushAt) {
-			if err := c.flush(); err != nil {
-				return
+		// With PUTs in flight the reply buffer belongs to them (they flush it themselves).
+		var flushErr error
+		c.pipe.ifIdle(func() {
+			if len(c.out) > 0 && (c.br.Buffered() == 0 || len(c.out) >= outFlushAt) {
+				flushErr = c.flush()
 			}
+			c.logPending() // after the flush: the record costs the peer no latency
+		})
+		if flushErr != nil {
+			return
 		}
-		c.logPending() // after the flush: the record costs the peer no latency
 		_ = c.nc.SetReadDeadline(time.Now().Add(wait))
 		c.state.Store(stateIdle)
 		// Shutdown sets draining before it interrupts idle connections: either it sees this
@@ -122,6 +132,16 @@ func (c *conn) serve() {
 		start := time.Now()
 		_ = c.nc.SetReadDeadline(start.Add(c.s.cfg.IOTimeout))
 		req, err := wire.DecodeRequest(c.hdr[:])
+		if err == nil && req.Op == fb.OpPut && c.s.cfg.Limits.Check(&req) == nil && (c.sess == nil || c.permitted(&req)) {
+			// A plain PUT: its device write overlaps the requests behind it.
+			if err := c.startPut(&req, start); err != nil {
+				log.Debug("closing connection", "remote", c.nc.RemoteAddr(), "op", opName(req.Op), "err", err)
+				return
+			}
+			continue
+		}
+		// Every other request runs alone, after the PUTs before it have replied.
+		c.pipe.waitIdle()
 		if err != nil {
 			reason := "bad_magic"
 			if errors.Is(err, wire.ErrVersion) {

@@ -27,10 +27,13 @@ type Config struct {
 	IdleTimeout         time.Duration // an idle pooled connection is closed after this (default 10m)
 	IOTimeout           time.Duration // each payload read and reply write must finish within this (default 30s)
 	MaxDepth            uint32        // pipelining window advertised in Hello (default 64)
-	SoftwareVersion     string
-	Logger              *slog.Logger
-	Metrics             *Metrics   // nil = a private registry
-	AccessLog           *AccessLog // nil = no access log
+	// PutWindow bounds the PUTs of one connection whose device write is in flight while
+	// the connection reads on (default DefaultPutWindow).
+	PutWindow       int
+	SoftwareVersion string
+	Logger          *slog.Logger
+	Metrics         *Metrics   // nil = a private registry
+	AccessLog       *AccessLog // nil = no access log
 	// Auth, when set, makes every op but PING and HELLO need a token (sent in HELLO) that
 	// grants it on the request's tenant; others are answered Forbidden.
 	Auth *secure.Tokens
@@ -57,6 +60,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxDepth == 0 {
 		c.MaxDepth = 64
+	}
+	if c.PutWindow <= 0 {
+		c.PutWindow = DefaultPutWindow
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

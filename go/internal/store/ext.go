@@ -46,6 +46,35 @@ type DirectWriter interface {
 	PutFrom(key Key, src []byte, size int) error
 }
 
+// DirectItem is one value of a BatchWriter batch: Src[:Size], aligned as for PutFrom.
+type DirectItem struct {
+	Key  Key
+	Src  []byte
+	Size int
+}
+
+// BatchWriter stores several values from caller buffers with one durability point: a disk
+// engine writes every payload and record and then makes all the records durable together
+// (one shared table fsync), where PutFrom pays one per value. Write-back flushers use it:
+// no client waits on them, so they trade latency for fewer syncs.
+type BatchWriter interface {
+	// PutFromBatch stores each item as PutFrom would and sets errs[i] (len(errs) ==
+	// len(items)) to item i's outcome. Keys must be distinct. Every item whose error is
+	// nil is durable and visible when it returns.
+	PutFromBatch(items []DirectItem, errs []error)
+}
+
+// PutFromBatch stores items through BatchWriter when e has it, else one by one.
+func PutFromBatch(e Engine, items []DirectItem, errs []error) {
+	if b, ok := e.(BatchWriter); ok {
+		b.PutFromBatch(items, errs)
+		return
+	}
+	for i, it := range items {
+		errs[i] = PutFrom(e, it.Key, it.Src, it.Size)
+	}
+}
+
 // RemovalReason says why a stored value left an engine.
 type RemovalReason uint8
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/store"
@@ -22,6 +23,7 @@ var (
 	_ store.DirectReader = (*Group)(nil)
 	_ store.Toucher      = (*Group)(nil)
 	_ store.DirectWriter = (*Group)(nil)
+	_ store.BatchWriter  = (*Group)(nil)
 	_ store.Observable   = (*Group)(nil)
 	_ store.Lister       = (*Group)(nil)
 )
@@ -88,6 +90,33 @@ func (g *Group) ReadInto(key store.Key, dst []byte) (int, error) {
 // PutFrom writes through the owning disk's DirectWriter (Put and a copy without one).
 func (g *Group) PutFrom(key store.Key, src []byte, size int) error {
 	return store.PutFrom(g.members[g.Route(key)], key, src, size)
+}
+
+// PutFromBatch splits the batch by owning disk and writes each part through that disk's
+// BatchWriter (one by one without one), the disks in parallel.
+func (g *Group) PutFromBatch(items []store.DirectItem, errs []error) {
+	parts := make(map[int][]int, len(g.members))
+	for i, it := range items {
+		m := g.Route(it.Key)
+		parts[m] = append(parts[m], i)
+	}
+	var wg sync.WaitGroup
+	for m, idx := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub := make([]store.DirectItem, len(idx))
+			subErrs := make([]error, len(idx))
+			for j, i := range idx {
+				sub[j] = items[i]
+			}
+			store.PutFromBatch(g.members[m], sub, subErrs)
+			for j, i := range idx {
+				errs[i] = subErrs[j]
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // Touch records a use of key on the owning disk (see store.Toucher).

@@ -56,7 +56,7 @@ const (
 	DefaultShards      = 8
 	DefaultWaitTimeout = 100 * time.Millisecond
 	// DefaultFlushThreads is the number of write-back flusher goroutines.
-	DefaultFlushThreads = 4
+	DefaultFlushThreads = 8
 	// DefaultDirtyWait bounds a write-back PUT's wait for dirty budget before Busy.
 	DefaultDirtyWait = 200 * time.Millisecond
 	// DefaultDrainTimeout bounds how long Close flushes dirty slots.
@@ -83,7 +83,7 @@ type Config struct {
 	Coalesce bool
 	// CoalesceTimeout bounds a follower's wait for its leader (default 500ms).
 	CoalesceTimeout time.Duration
-	// FlushThreads is the number of write-back flushers (default 4).
+	// FlushThreads is the number of write-back flushers (default 8).
 	FlushThreads int
 	// DirtyBytes is the write-back dirty budget: arena bytes that may hold values not yet
 	// on disk (default half the arena; at most the arena).

@@ -3,6 +3,7 @@ package ramtier
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -145,9 +146,19 @@ func (t *Tier) push(s *slot) {
 	w.mu.Unlock()
 }
 
+// Flush batches: a flusher takes up to flushBatch dirty slots (at most flushBatchBytes, a
+// larger value alone) and writes them with one store.PutFromBatch, so a slab makes their
+// records durable with one table fsync instead of one per value. A flusher takes no more
+// than its share of the queue, so that the others keep their writes in flight too.
+const (
+	flushBatch      = 8
+	flushBatchBytes = 16 << 20
+)
+
 func (t *Tier) flusher() {
 	w := &t.wb
 	defer w.wg.Done()
+	batch := make([]*slot, 0, flushBatch)
 	for {
 		w.mu.Lock()
 		for (len(w.q) == 0 || w.stalled) && !w.stop {
@@ -157,32 +168,83 @@ func (t *Tier) flusher() {
 			w.mu.Unlock()
 			return
 		}
-		s := w.q[0]
-		w.q[0] = nil
-		w.q = w.q[1:]
-		w.queued.Add(-1)
+		take := min(flushBatch, max(1, len(w.q)/t.cfg.FlushThreads))
+		batch = batch[:0]
+		var bytes int64
+		for len(batch) < take && len(w.q) > 0 {
+			s := w.q[0]
+			if len(batch) > 0 && bytes+s.n > flushBatchBytes {
+				break
+			}
+			bytes += s.n
+			batch = append(batch, s)
+			w.q[0] = nil
+			w.q = w.q[1:]
+		}
+		w.queued.Add(-int64(len(batch)))
 		w.mu.Unlock()
-		t.flush(s)
+		t.flush(batch)
 	}
 }
 
-// flush writes a dirty slot to disk if it is still its key's value; a slot overwritten or
-// removed before its turn is dropped unwritten.
-func (t *Tier) flush(s *slot) {
-	sh := s.sh
-	st := t.stripeOf(s.key)
-	st.disk.Lock()
-	sh.mu.RLock()
-	current := s.state == slotDirty && sh.index[s.key] == s
-	sh.mu.RUnlock()
-	key, length := s.key, s.length
-	var err error
-	if current {
-		err = store.PutFrom(t.backing, key, t.bytesOf(s), length)
+// requeue puts slots a flusher could not take now back at the head of the queue.
+func (t *Tier) requeue(slots []*slot) {
+	w := &t.wb
+	w.mu.Lock()
+	w.q = append(slices.Clone(slots), w.q...)
+	w.queued.Add(int64(len(slots)))
+	w.work.Signal()
+	w.mu.Unlock()
+}
+
+// flush writes a batch of dirty slots to disk, each only if it is still its key's value; a
+// slot overwritten or removed before its turn is dropped unwritten. Each slot's stripe
+// disk lock is held from the check until its state reflects the write. The first is
+// waited for; the others are only tried (a flusher never waits while holding one, so
+// flushers cannot deadlock), and a slot whose stripe is busy (or already held by this
+// batch: same stripe, possibly the same key) goes back to the queue.
+func (t *Tier) flush(batch []*slot) {
+	var (
+		held  [flushBatch]*stripe
+		cur   [flushBatch]bool
+		items [flushBatch]store.DirectItem
+		errs  [flushBatch]error
+		idx   [flushBatch]int // items[j] is batch[idx[j]]
+	)
+	n, ni := 0, 0
+	for i, s := range batch {
+		st := t.stripeOf(s.key)
+		if i == 0 {
+			st.disk.Lock()
+		} else if !st.disk.TryLock() {
+			t.requeue(batch[i:])
+			break
+		}
+		held[i] = st
+		n = i + 1
+		sh := s.sh
+		sh.mu.RLock()
+		cur[i] = s.state == slotDirty && sh.index[s.key] == s
+		sh.mu.RUnlock()
+		if cur[i] {
+			items[ni] = store.DirectItem{Key: s.key, Src: t.bytesOf(s), Size: s.length}
+			idx[ni] = i
+			ni++
+		}
+	}
+	if ni > 0 {
+		store.PutFromBatch(t.backing, items[:ni], errs[:ni])
+	}
+	var failed [flushBatch]error
+	for j := range ni {
+		i := idx[j]
+		s, err := batch[i], errs[j]
+		failed[i] = err
+		sh := s.sh
 		sh.mu.Lock()
 		if err == nil {
 			s.state = slotLive // durable: evictable from now on
-		} else if sh.index[key] == s {
+		} else if sh.index[s.key] == s {
 			sh.killLocked(s)
 		} else {
 			s.state = slotDead
@@ -190,21 +252,27 @@ func (t *Tier) flush(s *slot) {
 		sh.wakeLocked()
 		sh.mu.Unlock()
 	}
-	st.disk.Unlock()
-	switch {
-	case !current:
-		t.wb.dropped.Add(1)
-		t.notifyGone(key, length, store.Replaced)
-	case err != nil:
-		t.wb.errors.Add(1)
-		t.log.Error("ramtier: flush failed; the acknowledged value is lost (its key reads as a miss)",
-			"size", length, "err", err)
-		t.notifyGone(key, length, store.Dropped)
-	default:
-		t.wb.flushed.Add(1)
+	for i := range n {
+		held[i].disk.Unlock()
 	}
-	t.releaseDirty(s.n)
-	t.unpin(s)
+	for i := range n {
+		s := batch[i]
+		key, length := s.key, s.length
+		switch {
+		case !cur[i]:
+			t.wb.dropped.Add(1)
+			t.notifyGone(key, length, store.Replaced)
+		case failed[i] != nil:
+			t.wb.errors.Add(1)
+			t.log.Error("ramtier: flush failed; the acknowledged value is lost (its key reads as a miss)",
+				"size", length, "err", failed[i])
+			t.notifyGone(key, length, store.Dropped)
+		default:
+			t.wb.flushed.Add(1)
+		}
+		t.releaseDirty(s.n)
+		t.unpin(s)
+	}
 }
 
 // notifyGone tells the outer observer (quota accounting) that an acknowledged value left

@@ -3,6 +3,7 @@
 package slab
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -21,7 +22,10 @@ import (
 // Watermark victims evicted on the way are returned instead of retired, so that the Put
 // can make their tombstones durable in the same table fsync as its own record (the
 // caller must retire or commit them on every path).
-func (e *Engine) reserve(ci int, victimBuf []*slot) (*slot, []*slot, error) {
+//
+// With noWait it returns errWouldWait instead of waiting for a release (a batch whose own
+// reservations may be what the class waits for commits them first).
+func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot, error) {
 	cs := e.classes[ci].size
 	var deadline time.Time
 	for {
@@ -67,6 +71,12 @@ func (e *Engine) reserve(ci int, victimBuf []*slot) (*slot, []*slot, error) {
 		}
 		if !waitable {
 			return nil, nil, fmt.Errorf("no evictable slot for class %d (%d bytes): %w", ci, cs, store.ErrCacheFull)
+		}
+		if noWait {
+			e.allocMu.Lock()
+			e.waiters--
+			e.allocMu.Unlock()
+			return nil, nil, errWouldWait
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(reclaimWait)
@@ -309,14 +319,35 @@ func (e *Engine) reclaimLocked(ci int) []*slot {
 	if steal != nil && (own == math.MaxInt64 || steal.lastAccess.Load() < own) {
 		return e.drainLocked(steal)
 	}
-	if s := e.clockVictimLocked(ci); s != nil {
+	// CLOCK victims are evicted a few at a time: their tombstones must be durable before
+	// the slots are reused, and one commit for several victims leaves free slots for the
+	// PUTs that follow, so a full cache's PUT does not pay a victim commit of its own
+	// before its record's commit every time.
+	var victims []*slot
+	for range reclaimBatch(c.size) {
+		s := e.clockVictimLocked(ci)
+		if s == nil {
+			break
+		}
 		e.evictLocked(s)
-		return []*slot{s}
+		victims = append(victims, s)
+	}
+	if len(victims) > 0 {
+		return victims
 	}
 	if steal != nil {
 		return e.drainLocked(steal)
 	}
 	return nil
+}
+
+// errWouldWait: reserve would have to wait for a release (see reserve's noWait).
+var errWouldWait = errors.New("slab: reservation would wait")
+
+// reclaimBatch is how many CLOCK victims one reclaim evicts in a class of slot size cs:
+// up to 8, at most 16 MiB of slots (at least one).
+func reclaimBatch(cs int64) int {
+	return int(min(8, max(1, (16<<20)/cs)))
 }
 
 // drainLocked empties an extent for reassignment: every live value is evicted and free

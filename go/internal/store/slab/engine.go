@@ -39,6 +39,7 @@ var (
 	_ store.Lister       = (*Engine)(nil)
 	_ store.Toucher      = (*Engine)(nil)
 	_ store.Leaser       = (*Engine)(nil)
+	_ store.BatchWriter  = (*Engine)(nil)
 )
 
 // Engine is a slab engine over one directory. It is safe for concurrent use.

@@ -45,6 +45,14 @@ func (e *Engine) PutFrom(key store.Key, src []byte, size int) error {
 		return err
 	}
 	defer e.leave()
+	if err := e.checkDirect(key, src, size); err != nil {
+		return err
+	}
+	return e.store(key, size, e.classFor(size), src)
+}
+
+// checkDirect validates a PutFrom source.
+func (e *Engine) checkDirect(key store.Key, src []byte, size int) error {
 	if size <= 0 {
 		return fmt.Errorf("slab: put %s: size %d: %w", key.ID, size, store.ErrInvalid)
 	}
@@ -55,22 +63,110 @@ func (e *Engine) PutFrom(key store.Key, src []byte, size int) error {
 		return fmt.Errorf("slab: put %s: source buffer of %d bytes is unaligned or shorter than %d: %w",
 			key.ID, len(src), alignUp(int64(size)), store.ErrInvalid)
 	}
-	return e.store(key, size, e.classFor(size), src)
+	return nil
 }
 
 // store writes buf[:size] (buf aligned, at least alignUp(size) long) as key's value in a
 // slot of class ci: payload, then record, then index.
 func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
+	var st staged
+	if err := e.stage(&st, key, size, ci, buf, false); err != nil {
+		return err
+	}
+	err := st.recErr
+	if err == nil {
+		err = e.commitTable()
+	}
+	return e.finish(&st, err)
+}
+
+// PutFromBatch implements store.BatchWriter: every payload and record of the batch is
+// written, then one table commit makes the records durable together, then each value is
+// published. Items whose payload write fails are reported and take no part in the commit.
+// When an item would have to wait for a slot to be released while earlier items hold
+// reservations (a small cache: they may be what it waits for), those are committed first.
+func (e *Engine) PutFromBatch(items []store.DirectItem, errs []error) {
+	if err := e.enter(); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return
+	}
+	defer e.leave()
+	st := make([]staged, len(items))
+	pending := make([]int, 0, len(items)) // staged, not yet committed
+	commit := func() {
+		need := false
+		for _, i := range pending {
+			need = need || st[i].recErr == nil
+		}
+		var commitErr error
+		if need {
+			commitErr = e.commitTable()
+		}
+		for _, i := range pending {
+			err := st[i].recErr
+			if err == nil {
+				err = commitErr
+			}
+			errs[i] = e.finish(&st[i], err)
+		}
+		pending = pending[:0]
+	}
+	for i, it := range items {
+		if err := e.checkDirect(it.Key, it.Src, it.Size); err != nil {
+			errs[i] = err
+			continue
+		}
+		ci := e.classFor(it.Size)
+		err := e.stage(&st[i], it.Key, it.Size, ci, it.Src, len(pending) > 0)
+		if err == errWouldWait {
+			commit()
+			err = e.stage(&st[i], it.Key, it.Size, ci, it.Src, false)
+		}
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		pending = append(pending, i)
+	}
+	commit()
+}
+
+// staged is a Put between its writes (payload durable, record and tombstones written) and
+// the table commit that makes the record durable.
+type staged struct {
+	key      store.Key
+	size, ci int
+	crc      uint32
+	seq      uint64
+	s        *slot
+	prev     *slot // the value this Put replaces, pinned; nil if none
+	prevTomb bool  // prev's tombstone was written (it rides in this Put's commit)
+	tombs    []*slot
+	recErr   error // the record write failed (the commit is then not needed for it)
+
+	victimBuf, tombBuf [8]*slot
+}
+
+// stage reserves a slot, writes the payload (O_DIRECT|O_DSYNC), and writes, without
+// syncing, the evicted values' tombstones, the replaced value's tombstone and the record.
+// An error means nothing is left to finish.
+func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWait bool) error {
 	cs := e.classes[ci].size
 	n := alignUp(int64(size))
 	clear(buf[size:n]) // the tail padding must not carry stale bytes of another value
-	crc := crc32.Checksum(buf[:size], castagnoli)
+	st.key, st.size, st.ci = key, size, ci
+	st.crc = crc32.Checksum(buf[:size], castagnoli)
 
-	var victimBuf [8]*slot
-	s, evicted, err := e.reserve(ci, victimBuf[:0])
+	s, evicted, err := e.reserve(ci, st.victimBuf[:0], noWait)
+	if err == errWouldWait {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("slab: put %s (%d bytes): %w", key.ID, size, err)
 	}
+	st.s = s
 	ext := s.ext
 	if err := writeAt(ext.f, buf[:n], int64(s.idx)*cs); err != nil {
 		e.nIO.Add(1)
@@ -81,25 +177,52 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	e.nWrites.Add(1)
 	e.nWriteBytes.Add(n)
 
-	seq := e.seq.Add(1)
-	rec := record{State: stateLive, Class: uint16(ci), Key: key, Length: uint32(size), CRC: crc,
-		Seq: seq, Address: e.address(s), Epoch: e.epoch}
+	// The value this Put replaces (if any) is pinned, so that its slot cannot be reused
+	// under the tombstone written below, and tombstoned in the same group commit as the new
+	// record: an overwrite pays one shared fdatasync, not two. A crash between the two
+	// writes leaves either both records live (the higher sequence wins at rebuild) or the
+	// old one dead and the new one absent: a miss, never the older value after the ack.
+	st.prev = e.pinCurrent(key)
+
+	st.seq = e.seq.Add(1)
+	rec := record{State: stateLive, Class: uint16(ci), Key: key, Length: uint32(size), CRC: st.crc,
+		Seq: st.seq, Address: e.address(s), Epoch: e.epoch}
 	// The evicted values' tombstones share the fsync of this record.
-	var tombBuf [8]*slot
-	tombs, _ := e.writeTombstones(evicted, tombBuf[:0])
-	err = e.writeRecord(&rec)
-	e.finishTombstones(tombs, err)
+	st.tombs, _ = e.writeTombstones(evicted, st.tombBuf[:0])
+	st.prevTomb = st.prev != nil && e.writeTombstone(st.prev) == nil
+	var b [recordSize]byte
+	rec.encode(b[:])
+	if err := writeAt(e.tbl, b[:], int64(rec.Address)*recordSize); err != nil {
+		st.recErr = ioErr(err)
+	}
+	return nil
+}
+
+// finish completes a staged Put once the table commit covering its writes returned err:
+// on success the value is published (replacing prev), on failure every trace is retired.
+func (e *Engine) finish(st *staged, err error) error {
+	key, s, prev := st.key, st.s, st.prev
+	ext := s.ext
+	if prev != nil {
+		defer e.unpin(prev)
+	}
+	e.finishTombstones(st.tombs, err)
 	if err != nil {
 		e.nIO.Add(1)
 		e.allocMu.Lock()
 		e.killLocked(s, false)
 		e.allocMu.Unlock()
 		_ = e.retire([]*slot{s}) // the record may be on disk: tombstone before reuse
+		if st.prevTomb {
+			// The previous value's tombstone may be on disk: it must not outlive a restart
+			// as the key's value, so it leaves the index now (a miss, never wrong bytes).
+			e.drop(key, prev)
+		}
 		return fmt.Errorf("slab: put %s: record of extent %d slot %d: %w", key.ID, ext.idx, s.idx, err)
 	}
 
 	e.allocMu.Lock()
-	s.key, s.length, s.crc, s.seq = key, uint32(size), crc, seq
+	s.key, s.length, s.crc, s.seq = key, uint32(st.size), st.crc, st.seq
 	// A new value starts unreferenced: it survives the next CLOCK sweep only if it is read
 	// (or touched by the RAM tier) before the hand comes round. Values written and never
 	// reused, most of a KV cache's PUTs, go first; with the bit set on insert this cache
@@ -109,21 +232,21 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	sh := e.shardOf(key)
 	sh.mu.Lock()
 	old := sh.m[key]
-	if old != nil && old.seq > seq {
+	if old != nil && old.seq > st.seq {
 		// A concurrent Put with a later sequence number already published: it wins, as it
 		// would at rebuild.
 		sh.mu.Unlock()
 		e.killLocked(s, false)
 		// It was stored and at once superseded: report it so that accounting which charges
 		// every successful Put stays balanced.
-		e.observeLocked(key, int64(size), store.Replaced)
+		e.observeLocked(key, int64(st.size), store.Replaced)
 		e.allocMu.Unlock()
 		return e.retire([]*slot{s})
 	}
 	sh.m[key] = s
 	s.state = slotLive
 	sh.mu.Unlock()
-	e.classes[ci].reserved--
+	e.classes[st.ci].reserved--
 	ext.reserved--
 	e.notifyLocked() // a waiting Put may now evict this class
 	if old != nil {
@@ -134,12 +257,32 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	}
 	e.allocMu.Unlock()
 	if old != nil {
-		// Wait for the old tombstone so that a later Remove cannot resurrect it on restart.
+		if old == prev && st.prevTomb {
+			// Its tombstone was durable with this Put's record; the slot is released when
+			// the last pin (this Put's included) drops.
+			old.tombDone.Store(true)
+			return nil
+		}
+		// Replaced by a value this Put did not see (a concurrent Put won in between):
+		// wait for its tombstone so that a later Remove cannot resurrect it on restart.
 		if err := e.retire([]*slot{old}); err != nil {
 			return fmt.Errorf("slab: put %s: retire previous value: %w", key.ID, err)
 		}
 	}
 	return nil
+}
+
+// pinCurrent pins and returns key's current slot, or nil.
+func (e *Engine) pinCurrent(key store.Key) *slot {
+	sh := e.shardOf(key)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	s := sh.m[key]
+	if s != nil {
+		s.pins.Add(1)
+		s.ext.pins.Add(1)
+	}
+	return s
 }
 
 // Get reads the value into an aligned buffer, verifies its CRC32C and hands it to fn.
@@ -301,16 +444,6 @@ func (e *Engine) unpin(s *slot) {
 	}
 }
 
-// writeRecord writes one record and waits for the shared table fsync.
-func (e *Engine) writeRecord(r *record) error {
-	var b [recordSize]byte
-	r.encode(b[:])
-	if err := writeAt(e.tbl, b[:], int64(r.Address)*recordSize); err != nil {
-		return ioErr(err)
-	}
-	return e.commitTable()
-}
-
 func (e *Engine) commitTable() error {
 	if err := e.tblSync.commit(); err != nil {
 		e.syncFails.Add(1)
@@ -343,23 +476,32 @@ func (e *Engine) retire(victims []*slot) error {
 // writeTombstones writes (without syncing) the tombstones of dead slots, appending the
 // slots whose write succeeded to ok; a slot whose write fails is quarantined.
 func (e *Engine) writeTombstones(victims, ok []*slot) ([]*slot, error) {
-	var b [recordSize]byte
 	var firstErr error
 	for _, s := range victims {
-		r := record{State: stateTombstone, Class: uint16(s.ext.class), Key: s.key,
-			Seq: e.seq.Add(1), Address: e.address(s), Epoch: e.epoch}
-		r.encode(b[:])
-		if err := writeAt(e.tbl, b[:], int64(r.Address)*recordSize); err != nil {
-			e.nIO.Add(1)
+		if err := e.writeTombstone(s); err != nil {
 			e.quarantine(s)
 			if firstErr == nil {
-				firstErr = fmt.Errorf("tombstone extent %d slot %d: %w", s.ext.idx, s.idx, ioErr(err))
+				firstErr = err
 			}
 			continue
 		}
 		ok = append(ok, s)
 	}
 	return ok, firstErr
+}
+
+// writeTombstone writes (without syncing) the tombstone of a slot the caller keeps from
+// reuse (dead and unreleased, or pinned).
+func (e *Engine) writeTombstone(s *slot) error {
+	var b [recordSize]byte
+	r := record{State: stateTombstone, Class: uint16(s.ext.class), Key: s.key,
+		Seq: e.seq.Add(1), Address: e.address(s), Epoch: e.epoch}
+	r.encode(b[:])
+	if err := writeAt(e.tbl, b[:], int64(r.Address)*recordSize); err != nil {
+		e.nIO.Add(1)
+		return fmt.Errorf("tombstone extent %d slot %d: %w", s.ext.idx, s.idx, ioErr(err))
+	}
+	return nil
 }
 
 // finishTombstones releases slots whose tombstones were written, once the table sync
