@@ -180,9 +180,13 @@ func TestReadsCountedForEviction(t *testing.T) {
 		}
 		return n
 	}
-	if n := putUntilGone(1); n <= slots-3 || !present(0) || !present(2) {
-		t.Fatalf("the key read once went after %d puts (want more than the %d unread ones); key 0 present=%v, key 2 present=%v",
-			n, slots-3, present(0), present(2))
+	putUntilGone(1)
+	// Evictions come in batches (several victims per commit), so count survivors rather
+	// than puts: by the time the value read once goes, every unread original is gone.
+	for i := 3; i < slots; i++ {
+		if present(i) {
+			t.Fatalf("the key read once went while unread key %d is still cached", i)
+		}
 	}
 	if !present(0) || !present(2) {
 		t.Fatal("the keys read more often went first")
