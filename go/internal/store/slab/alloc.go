@@ -324,7 +324,7 @@ func (e *Engine) reclaimLocked(ci int) []*slot {
 	// PUTs that follow, so a full cache's PUT does not pay a victim commit of its own
 	// before its record's commit every time.
 	var victims []*slot
-	for range reclaimBatch(c.size) {
+	for range e.reclaimBatch(c.size) {
 		s := e.clockVictimLocked(ci)
 		if s == nil {
 			break
@@ -345,9 +345,11 @@ func (e *Engine) reclaimLocked(ci int) []*slot {
 var errWouldWait = errors.New("slab: reservation would wait")
 
 // reclaimBatch is how many CLOCK victims one reclaim evicts in a class of slot size cs:
-// up to 8, at most 16 MiB of slots (at least one).
-func reclaimBatch(cs int64) int {
-	return int(min(8, max(1, (16<<20)/cs)))
+// up to 8, at most 16 MiB and 1/1024 of the capacity of slots (at least one). Evicting ahead
+// decides early and leaves slots empty, which a small cache feels: on the FAST'25 trace a
+// 119 MiB node evicting 8 × 64 KiB at a time hit 0.983× LRU instead of 0.989×.
+func (e *Engine) reclaimBatch(cs int64) int {
+	return int(min(8, max(1, min(16<<20, e.cfg.CapacityBytes/1024)/cs)))
 }
 
 // drainLocked empties an extent for reassignment: every live value is evicted and free

@@ -226,14 +226,23 @@ func TestPutFromBatch(t *testing.T) {
 // TestEvictingPutsShareVictimCommits: in a full cache every Put evicts. CLOCK victims are
 // evicted several at a time, so their tombstone commits are shared: 40 evicting Puts cost
 // about 40 record commits plus 40/8 victim commits (one victim per Put, each with its own
-// commit before its record's, was 80).
+// commit before its record's, was 80). The batch is at most 1/1024 of the capacity: 64 MiB
+// allows 8 slots of 8 KiB.
 func TestEvictingPutsShareVictimCommits(t *testing.T) {
-	e := mustOpen(t, testConfig(t.TempDir()))
-	const size = 60000
+	cfg := testConfig(t.TempDir())
+	cfg.CapacityBytes, cfg.BufferPoolBytes = 64*mib, 8*mib
+	e := mustOpen(t, cfg)
+	if b := e.reclaimBatch(8 * kib); b != 8 {
+		t.Fatalf("reclaimBatch(8 KiB) at 64 MiB = %d, want 8", b)
+	}
+	if b := mustOpen(t, testConfig(t.TempDir())).reclaimBatch(64 * kib); b != 1 {
+		t.Fatalf("reclaimBatch(64 KiB) at 8 MiB = %d, want 1: a small cache evicts one at a time", b)
+	}
+	const size = 8000
 	i := 0
 	for ; e.Stats().Evictions == 0; i++ {
-		if i > 1000 {
-			t.Fatal("no eviction after 1000 Puts")
+		if i > 10000 {
+			t.Fatal("no eviction after 10000 Puts")
 		}
 		mustPut(t, e, testKey(i), testValue(i, size))
 	}
