@@ -387,6 +387,19 @@ func (h *Handle) RegisterMemory(base unsafe.Pointer, size uint64) (int, error) {
 	return 0, nil
 }
 
+// UnregisterMemory undoes RegisterMemory for exactly [base, base+size): it waits for the
+// in-flight ops that use the range, then deregisters it on every device; -1 for a range
+// that is not registered (or still in use past the wait). After 0 the caller may free it.
+func (h *Handle) UnregisterMemory(base unsafe.Pointer, size uint64) (int, error) {
+	if base == nil || size == 0 || size > 1<<40 {
+		return -1, errors.New("dfkv: unregister_memory of an empty or oversized region")
+	}
+	if err := h.c.UnregisterMemory(unsafe.Slice((*byte)(base), size)); err != nil {
+		return -1, err
+	}
+	return 0, nil
+}
+
 // TransportMode names the data transport.
 func (h *Handle) TransportMode() string { return h.c.TransportMode() }
 
