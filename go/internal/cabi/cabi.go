@@ -375,7 +375,7 @@ func (h *Handle) keysOnly(keys [][]byte, outOK []int32, f func(context.Context, 
 // MaxSGSegs is the per-item segment limit.
 func (h *Handle) MaxSGSegs() uint32 { return uint32(h.c.MaxSGSegs()) }
 
-// RegisterMemory registers [base, base+size) for RDMA; a no-op success on TCP.
+// RegisterMemory registers [base, base+size) for RDMA (once per device); only recorded on TCP.
 // The memory is the caller's (C) and must stay valid while the client is open.
 func (h *Handle) RegisterMemory(base unsafe.Pointer, size uint64) (int, error) {
 	if base == nil || size == 0 || size > 1<<40 {
