@@ -2,6 +2,7 @@
 # Tests tools/test.sh's guards on scratch trees: each guard must fail on the fault it exists
 # for, and pass on a clean tree. A guard that cannot fail checks nothing.
 #   - tools/check-gofmt.sh: an unparseable .go file, an unformatted one
+#   - tools/check-tracked.sh: a tracked executable
 #   - tools/pytest_skipguard.py: a skip not in the allow-list, an entry without a reason,
 #     an entry whose [ENV=value] condition does not hold
 #   - testdata/golden/gen_golden.py --check: an edited object id, ring owner, tenant hash
@@ -46,6 +47,16 @@ git -C "$g" rm -q -f broken.go
 printf 'package x\n\nfunc G()   int { return 2 }\n' >"$g/ugly.go"
 git -C "$g" add ugly.go
 expect fail "check-gofmt: unformatted file" "$root/tools/check-gofmt.sh" "$g"
+
+# --- no compiled files tracked -------------------------------------------------------------
+tr=$scratch/tracked
+mkdir -p "$tr" && git -C "$tr" init -q
+printf 'package x\n' >"$tr/x.go"
+git -C "$tr" add x.go
+expect pass "check-tracked: source only" "$root/tools/check-tracked.sh" "$tr"
+cp "$(type -P ls)" "$tr/server"
+git -C "$tr" add server
+want_out="server" expect fail "check-tracked: a tracked executable" "$root/tools/check-tracked.sh" "$tr"
 
 # --- pytest skip allow-list --------------------------------------------------------------
 p=$scratch/pytest

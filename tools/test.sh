@@ -72,8 +72,9 @@ fi
 step "the guards below fail when they should (scratch trees)"
 tools/test-guards.sh
 
-step "gofmt and go vet"
+step "gofmt and go vet; no compiled files tracked"
 tools/check-gofmt.sh
+tools/check-tracked.sh
 go vet ./...
 # Build tags are coherent: Linux-only packages say so in whole (//go:build linux) or have a
 # real fallback, so the module vets for another OS (the client library is portable).
