@@ -155,7 +155,7 @@ func serve(o *options, log *slog.Logger) error {
 
 	reg := cli.NewRegistry("dfkv_server_build_info", "Build and configuration of this node.", "engine", o.engine)
 	m := server.NewMetrics(reg, engine)
-	rdmaSrv, err := setupRDMA(o.rdma, engine, limits.MaxValue, reg, log)
+	rdmaSrv, railMon, err := setupRDMA(o.rdma, engine, limits.MaxValue, reg, log)
 	if err != nil {
 		closeEngine()
 		return err
@@ -229,10 +229,21 @@ func serve(o *options, log *slog.Logger) error {
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	if err := nodeReg.start(&o.mds, addr, log); err != nil {
+	var railList []wire.Rail
+	if railMon != nil {
+		railList = railMon.Rails()
+	}
+	if err := nodeReg.start(&o.mds, addr, railList, log); err != nil {
 		log.Error("mds registration", "err", err)
 	}
+	if railMon != nil {
+		// A rail whose health moves re-publishes the member: topology_epoch moves.
+		railMon.Start(nodeReg.updateRails)
+	}
 	serveErr := cli.WaitForStop(log, map[string]<-chan error{"listener": errc})
+	if railMon != nil {
+		railMon.Stop()
+	}
 	nodeReg.stop(log) // leave the ring first, so clients stop routing here
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -5,7 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -13,17 +16,21 @@ import (
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/rails"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/ibverbs"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
 )
 
 type rdmaOptions struct {
-	enable         bool
-	provider, devs string
-	serverProtocol int
-	segment        cli.Size
-	depth          int
+	enable          bool
+	provider, devs  string
+	primary, tiers  string
+	serverProtocol  int
+	segment         cli.Size
+	depth           int
+	healthInterval  time.Duration
+	recoverySamples int
 }
 
 func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
@@ -34,46 +41,97 @@ func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
 	fs.IntVar(&o.serverProtocol, "rdma-server-protocol", 0, "1 answers every client with v1 (rollout and rollback); 0 = auto")
 	fs.Var(&o.segment, "rdma-segment", "registered receive segment shared by all RDMA connections (bytes)")
 	fs.IntVar(&o.depth, "rdma-depth", 16, "requests in flight per RDMA connection")
+	fs.StringVar(&o.primary, "rdma-primary-dev", "", "preferred rail: served first when it has an ACTIVE port (must be in --rdma-dev when that is set)")
+	fs.StringVar(&o.tiers, "rdma-tiers", "", "selection tiers over --rdma-dev, leftmost preferred: mlx5_0,mlx5_1;mlx5_2 (published in HLT1)")
+	fs.DurationVar(&o.healthInterval, "rdma-health-interval", 2*time.Second, "how often the rails are re-queried (port and link state)")
+	fs.IntVar(&o.recoverySamples, "rdma-health-recovery-samples", 3, "consecutive healthy samples a rail that was down needs before it is healthy again")
 }
 
-func rdmaProvider(name string) (verbs.Provider, error) {
+// rdmaProvider builds the provider. The soft provider creates as many devices as
+// DFKV_SOFT_RDMA_DEVICES says, and at least enough for every softN the list names.
+func rdmaProvider(name string, devs []string) (verbs.Provider, error) {
 	switch name {
 	case "ibverbs":
 		return ibverbs.New(ibverbs.Options{}), nil
 	case "soft":
-		return soft.New(soft.Options{})
+		n := 0
+		for _, d := range devs {
+			if i, err := strconv.Atoi(strings.TrimPrefix(d, "soft")); err == nil && strings.HasPrefix(d, "soft") && i >= 0 && i < soft.MaxDevices {
+				n = max(n, i+1)
+			}
+		}
+		if env := os.Getenv(soft.DevicesEnv); env != "" && n > 0 {
+			if e, err := strconv.Atoi(env); err == nil && e > n {
+				n = e
+			}
+		}
+		return soft.New(soft.Options{Devices: n})
 	}
 	return nil, fmt.Errorf("--rdma-provider %q: want ibverbs or soft", name)
 }
 
-// setupRDMA returns the RDMA server, or nil when RDMA is off or not usable here (said in
-// one log line; TCP serves). An explicit --rdma-dev list that cannot be satisfied is an
-// error: the node refuses to start rather than silently serve TCP only.
-func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg prometheus.Registerer, log *slog.Logger) (*onesided.Server, error) {
-	var devs []string
-	for _, d := range strings.Split(o.devs, ",") {
-		if d = strings.TrimSpace(d); d != "" {
-			devs = append(devs, d)
+// checkListed refuses an explicit --rdma-dev list naming a device the provider does not
+// have: startup never shrinks the configured rails (a present device whose port is down is
+// accepted, published Down and monitored).
+func checkListed(p verbs.Provider, devs []string) error {
+	have, err := p.Devices()
+	if err != nil {
+		return fmt.Errorf("rdma: --rdma-dev %s: %w", strings.Join(devs, ","), err)
+	}
+	names := map[string]bool{}
+	var all []string
+	for _, d := range have {
+		names[d.Name] = true
+		all = append(all, d.Name)
+	}
+	for _, d := range devs {
+		if !names[d] {
+			return fmt.Errorf("rdma: --rdma-dev %s: no device %q (provider %s has %s)", strings.Join(devs, ","), d, p.Name(), strings.Join(all, ","))
 		}
 	}
+	return nil
+}
+
+// setupRDMA returns the RDMA server and its rail monitor, or nils when RDMA is off or not
+// usable here (said in one log line; TCP serves). An explicit --rdma-dev list that cannot be
+// satisfied, or a bad --rdma-tiers / --rdma-primary-dev, is an error: the node refuses to
+// start rather than silently serve TCP only.
+func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg prometheus.Registerer, log *slog.Logger) (*onesided.Server, *rails.Monitor, error) {
+	devs, err := rails.ParseList(o.devs)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--rdma-dev: %w", err)
+	}
 	if !o.enable && len(devs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if o.serverProtocol != 0 && o.serverProtocol != 1 {
-		return nil, fmt.Errorf("--rdma-server-protocol %d: want 0 (auto) or 1", o.serverProtocol)
+		return nil, nil, fmt.Errorf("--rdma-server-protocol %d: want 0 (auto) or 1", o.serverProtocol)
 	}
-	p, err := rdmaProvider(o.provider)
+	specs, err := rails.Plan(devs, o.tiers, o.primary)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if o.healthInterval <= 0 || o.recoverySamples < 1 {
+		return nil, nil, fmt.Errorf("--rdma-health-interval %v / --rdma-health-recovery-samples %d: want > 0 and >= 1", o.healthInterval, o.recoverySamples)
+	}
+	p, err := rdmaProvider(o.provider, append(devs, o.primary))
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(devs) > 0 {
+		if err := checkListed(p, devs); err != nil {
+			return nil, nil, err
+		}
 	}
 	cfg := onesided.Config{Provider: p, MaxBlock: maxValue, Depth: uint32(max(o.depth, 1)),
 		SegmentBytes: uint64(o.segment), ForceV1: o.serverProtocol == 1, Logger: log}
 	var s *onesided.Server
-	if len(devs) == 0 {
-		s, err = onesided.NewServer(cfg, engine)
-	} else {
+	primary := strings.TrimSpace(o.primary)
+	switch {
+	case len(devs) > 0:
+		// Primary first, then by tier: the first device with an ACTIVE port serves.
 		var errs []error
-		for _, d := range devs {
+		for _, d := range rails.ServeOrder(specs, primary) {
 			cfg.Device = d
 			if s, err = onesided.NewServer(cfg, engine); err == nil {
 				break
@@ -81,18 +139,42 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 			errs = append(errs, err)
 		}
 		if s == nil {
-			return nil, fmt.Errorf("rdma: --rdma-dev %s: %w", o.devs, errors.Join(errs...))
+			return nil, nil, fmt.Errorf("rdma: --rdma-dev %s: %w", o.devs, errors.Join(errs...))
 		}
+	case primary != "":
+		cfg.Device = primary
+		if s, err = onesided.NewServer(cfg, engine); err != nil {
+			log.Warn("rdma: --rdma-primary-dev cannot serve; using the first ACTIVE device", "device", primary, "err", err)
+			cfg.Device = ""
+			s, err = onesided.NewServer(cfg, engine)
+		}
+	default:
+		s, err = onesided.NewServer(cfg, engine)
 	}
 	if err != nil {
 		log.Warn("rdma not in use; serving TCP only", "provider", o.provider, "reason", err.Error())
-		return nil, nil
+		return nil, nil, nil
 	}
-	log.Info("rdma serving", "provider", o.provider, "device", cfg.Device, "segment", int64(o.segment), "force_v1", cfg.ForceV1)
+	if len(specs) == 0 {
+		specs = []rails.Spec{{Device: s.Device()}} // discovered: the one device it serves on
+	}
+	mon, err := rails.NewMonitor(rails.Config{Provider: p, Rails: specs, RecoverySamples: o.recoverySamples,
+		Interval: o.healthInterval, Logger: log})
+	if err != nil {
+		s.Close()
+		return nil, nil, err
+	}
+	var published []string
+	for _, r := range mon.Rails() {
+		published = append(published, fmt.Sprintf("%s(tier %d, %s)", r.Device, r.Tier, r.State()))
+	}
+	log.Info("rdma serving", "provider", o.provider, "device", s.Device(), "rails", strings.Join(published, ","),
+		"segment", int64(o.segment), "force_v1", cfg.ForceV1)
 	if reg != nil {
 		registerRDMAMetrics(reg, s)
+		mon.Register(reg)
 	}
-	return s, nil
+	return s, mon, nil
 }
 
 func registerRDMAMetrics(reg prometheus.Registerer, s *onesided.Server) {

@@ -25,9 +25,6 @@ type Config struct {
 	RecoverySamples int
 	// Interval between samples when started. Default 2 s.
 	Interval time.Duration
-	// OnChange is called (from the sampling goroutine, never concurrently) with the new
-	// rails whenever any published field changed.
-	OnChange func([]wire.Rail)
 	Logger   *slog.Logger
 }
 
@@ -87,8 +84,7 @@ func (m *Monitor) Rails() []wire.Rail {
 	return out
 }
 
-// Sample queries the provider once and reports whether a published field changed (the
-// caller of OnChange is the sampling loop; Sample itself does not call it).
+// Sample queries the provider once and reports whether a published field changed.
 func (m *Monitor) Sample() bool { return m.sample(false) }
 
 func (m *Monitor) sample(first bool) bool {
@@ -158,8 +154,9 @@ func (m *Monitor) sample(first bool) bool {
 	return changed
 }
 
-// Start samples every Interval until Stop, calling OnChange after a change.
-func (m *Monitor) Start() {
+// Start samples every Interval until Stop. After a sample that changed a published field,
+// onChange (if not nil) gets the new rails, from the sampling goroutine, never concurrently.
+func (m *Monitor) Start(onChange func([]wire.Rail)) {
 	if m.started.Swap(true) {
 		return
 	}
@@ -173,8 +170,8 @@ func (m *Monitor) Start() {
 				return
 			case <-t.C:
 			}
-			if m.Sample() && m.cfg.OnChange != nil {
-				m.cfg.OnChange(m.Rails())
+			if m.Sample() && onChange != nil {
+				onChange(m.Rails())
 			}
 		}
 	}()

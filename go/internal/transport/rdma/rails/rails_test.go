@@ -120,7 +120,9 @@ func TestMonitorHealthMachine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	healthy := func(gen uint32, tier uint8) railView { return railView{fb.RailHealthHealthy, gen, 4, true, tier, true, false} }
+	healthy := func(gen uint32, tier uint8) railView {
+		return railView{fb.RailHealthHealthy, gen, 4, true, tier, true, false}
+	}
 	down := func(gen uint32) railView { return railView{fb.RailHealthDown, gen, 1, true, 1, false, true} }
 	steps := []struct {
 		name    string
@@ -193,12 +195,11 @@ func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 func TestMonitorStartCallsOnChange(t *testing.T) {
 	p, set := softWithFaults(t, 2)
 	ch := make(chan []wire.Rail, 16)
-	m, err := NewMonitor(Config{Provider: p, Rails: []Spec{{"soft0", 0}, {"soft1", 0}}, Interval: 10 * time.Millisecond,
-		OnChange: func(rs []wire.Rail) { ch <- rs }})
+	m, err := NewMonitor(Config{Provider: p, Rails: []Spec{{"soft0", 0}, {"soft1", 0}}, Interval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Start()
+	m.Start(func(rs []wire.Rail) { ch <- rs })
 	defer m.Stop()
 	set("soft0 port down\n")
 	select {
