@@ -1,0 +1,242 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/internal/cabi"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
+)
+
+// Rails in the topology, end to end: a real dfkv_server serving RDMA over two soft rails
+// (soft0 tier 0, soft1 tier 1) registers with a real dfkv_mds (embedded etcd); the soft
+// provider's test-only fault file takes soft1's port down and brings it back. The HLT1
+// record, dfkvctl, the epochs and a real MDS client's ring follow.
+
+type railJSON struct {
+	Device     string `json:"device"`
+	Port       int    `json:"port"`
+	PortState  int    `json:"port_state"`
+	PhysState  int    `json:"phys_state"`
+	QueryOK    bool   `json:"query_ok"`
+	NUMANode   int    `json:"numa_node"`
+	Tier       int    `json:"tier"`
+	Generation uint32 `json:"generation"`
+	State      string `json:"state"`
+}
+
+type railRingJSON struct {
+	MembersEpoch  string `json:"members_epoch"`
+	TopologyEpoch string `json:"topology_epoch"`
+	Members       []struct {
+		ID    string     `json:"id"`
+		Rails []railJSON `json:"rails"`
+	} `json:"members"`
+}
+
+func ctlRails(t *testing.T, eps, group string) railRingJSON {
+	t.Helper()
+	var r railRingJSON
+	if err := json.Unmarshal([]byte(ctl(t, "ring", "--mds", eps, "--group", group, "--json", "--timeout", "2s")), &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestRDMARailsTopology(t *testing.T) {
+	const group = "e2e-rails"
+	dir := t.TempDir()
+	mds := startMDS(t, "mds", []string{"--etcd", "embedded:" + filepath.Join(dir, "etcd"),
+		"--etcd-client-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--etcd-peer-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t))})
+	faults := filepath.Join(dir, "soft-faults")
+	if err := soft.WriteFaults(faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	// The server inherits the fault file; so does this process's own soft provider below
+	// (its soft0 carries the RDMA check; soft1 is the rail taken down).
+	t.Setenv(soft.FaultsEnv, faults)
+	const recovery = 30 // samples at 50 ms: ~1.5 s in Quarantined, long enough to observe
+	s := startServer(t, filepath.Join(dir, "node"), "--cap", "256MiB", "--max-msg", "1MiB",
+		"--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1", "--rdma-tiers", "soft0;soft1",
+		"--rdma-primary-dev", "soft0", "--rdma-segment", "64MiB",
+		"--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", fmt.Sprint(recovery),
+		"--mds", mds.addr, "--group", group, "--id", "r1", "--advertise", "127.0.0.1:0")
+	waitFor(t, 15*time.Second, "r1 registered", func() bool { return s.httpStatus("/readyz") == 200 })
+
+	rails := func() (railRingJSON, map[string]railJSON) {
+		r := ctlRails(t, mds.addr, group)
+		if len(r.Members) != 1 || r.Members[0].ID != "r1" {
+			t.Fatalf("members %+v", r.Members)
+		}
+		m := map[string]railJSON{}
+		for _, rl := range r.Members[0].Rails {
+			m[rl.Device] = rl
+		}
+		return r, m
+	}
+	r0, m := rails()
+	want0 := railJSON{Device: "soft0", Port: 1, PortState: 4, PhysState: 5, QueryOK: true, NUMANode: -1, Tier: 0, Generation: 1, State: "healthy"}
+	want1 := railJSON{Device: "soft1", Port: 1, PortState: 4, PhysState: 5, QueryOK: true, NUMANode: -1, Tier: 1, Generation: 1, State: "healthy"}
+	if len(m) != 2 || m["soft0"] != want0 || m["soft1"] != want1 {
+		t.Fatalf("rails at start: %+v", m)
+	}
+	if s.metric("dfkv_server_rdma_rails_configured") != 2 || s.metric("dfkv_server_rdma_rails_active") != 2 {
+		t.Fatal("rail gauges at start")
+	}
+
+	// A client following the MDS (the C ABI's Go core) and its ring.
+	h := cabi.Open(&cabi.Options{StructSize: cabi.OptionsSize, ABIVersion: cabi.ABIVersion, Namespace: []byte("e2e-rails"),
+		MDSEndpoints: mds.addr, MDSGroup: group, MDSPollMS: 100})
+	if h == 0 {
+		t.Fatalf("open: %s", cabi.LastError())
+	}
+	defer cabi.Close(h)
+	gc := cabi.Lookup(h).Client()
+	view0 := gc.View()
+	if got := viewIDs(view0); len(got) != 1 || got[0] != "r1" {
+		t.Fatalf("client view %v", got)
+	}
+	changes0 := snapMetric(t, gc.Snapshot(), "dfkv_client_mds_view_changes_total")
+
+	// soft1's port goes down.
+	if err := soft.WriteFaults(faults, "soft1 port down\n"); err != nil {
+		t.Fatal(err)
+	}
+	var r1 railRingJSON
+	waitFor(t, 10*time.Second, "soft1 published down", func() bool {
+		r1, m = rails()
+		return m["soft1"].State == "down"
+	})
+	if want := (railJSON{Device: "soft1", Port: 1, PortState: 1, PhysState: 3, QueryOK: true, NUMANode: -1, Tier: 1, Generation: 2, State: "down"}); m["soft1"] != want {
+		t.Fatalf("soft1 down: %+v", m["soft1"])
+	}
+	if m["soft0"] != want0 {
+		t.Fatalf("soft0 moved with soft1: %+v", m["soft0"])
+	}
+	if r1.TopologyEpoch == r0.TopologyEpoch || r1.MembersEpoch != r0.MembersEpoch {
+		t.Fatalf("epochs: members %s -> %s, topology %s -> %s (want topology only)", r0.MembersEpoch, r1.MembersEpoch, r0.TopologyEpoch, r1.TopologyEpoch)
+	}
+	if s.metric("dfkv_server_rdma_rails_active") != 1 || s.metric("dfkv_rdma_rail_health_changes_total") != 1 {
+		t.Fatal("rail metrics after soft1 went down")
+	}
+	human := ctl(t, "ring", "--mds", mds.addr, "--group", group)
+	if !strings.Contains(human, "soft0:t0:healthy,soft1:t1:down") {
+		t.Fatalf("dfkvctl ring table:\n%s", human)
+	}
+	// The client polled the changed topology and kept its ring: placement did not move.
+	polls := mdsPolls(t, gc.Snapshot())
+	waitFor(t, 10*time.Second, "three client polls after the change", func() bool { return mdsPolls(t, gc.Snapshot()) >= polls+3 })
+	if gc.View() != view0 || snapMetric(t, gc.Snapshot(), "dfkv_client_mds_view_changes_total") != changes0 {
+		t.Fatal("the client rebuilt its ring for a rail change")
+	}
+
+	// The server still serves RDMA on its tier-0 rail (the primary), byte-exact.
+	boot, st := rdmaBootstrap(t, s.addr)
+	if st != fb.StatusOk {
+		t.Fatalf("bootstrap status %s", st)
+	}
+	p, err := soft.New(soft.Options{Devices: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := onesided.Dial(boot, onesided.Config{Provider: p, Device: "soft0", MaxBlock: 1 << 20, Depth: 2, IOTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := rnd(300000, 11)
+	id := identity.ObjectID{Hi: 7, Lo: 7}
+	put := &onesided.Op{Kind: fb.OpPut, Tenant: 3, ID: id, Value: [][]byte{v}}
+	get := &onesided.Op{Kind: fb.OpGet, Tenant: 3, ID: id, Dst: [][]byte{make([]byte, len(v))}}
+	if err := c.Do(context.Background(), []*onesided.Op{put}); err != nil || put.Status != fb.StatusOk {
+		t.Fatalf("put over soft0 with soft1 down: %v %s", err, put.Status)
+	}
+	if err := c.Do(context.Background(), []*onesided.Op{get}); err != nil || get.Status != fb.StatusOk || !bytes.Equal(get.Dst[0], v) {
+		t.Fatalf("get over soft0 with soft1 down: %v %s", err, get.Status)
+	}
+	c.Close()
+
+	// The port comes back: Quarantined first (a new generation), Healthy after the samples.
+	if err := soft.WriteFaults(faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "soft1 published quarantined", func() bool {
+		_, m = rails()
+		return m["soft1"].State != "down"
+	})
+	if m["soft1"].State != "quarantined" || m["soft1"].Generation != 3 || m["soft1"].PortState != 4 {
+		t.Fatalf("soft1 back up: %+v", m["soft1"])
+	}
+	var r3 railRingJSON
+	waitFor(t, 20*time.Second, "soft1 healthy again", func() bool {
+		r3, m = rails()
+		return m["soft1"].State == "healthy"
+	})
+	if m["soft1"].Generation != 4 || r3.MembersEpoch != r0.MembersEpoch || r3.TopologyEpoch == r1.TopologyEpoch || r3.TopologyEpoch == r0.TopologyEpoch {
+		t.Fatalf("recovered: %+v, epochs %s/%s", m["soft1"], r3.MembersEpoch, r3.TopologyEpoch)
+	}
+	if s.metric("dfkv_server_rdma_rails_active") != 2 || s.metric("dfkv_rdma_rail_health_changes_total") != 3 {
+		t.Fatal("rail metrics after recovery")
+	}
+	if gc.View() != view0 {
+		t.Fatal("the client rebuilt its ring across the whole down/up cycle")
+	}
+}
+
+// snapMetric reads one unlabeled series from a client snapshot (Prometheus text format).
+func snapMetric(t *testing.T, snap []byte, name string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(string(snap), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+			var v float64
+			if _, err := fmt.Sscan(f[1], &v); err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("snapshot lacks %s", name)
+	return 0
+}
+
+// TestRDMARailsBadConfigRefused: rail selection flags that cannot be honoured stop the
+// server at start with a message naming the problem.
+func TestRDMARailsBadConfigRefused(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rdma-dev", "soft0,soft1", "--rdma-tiers", "soft0;soft9"}, `soft9\" is not in --rdma-dev soft0,soft1`},
+		{[]string{"--rdma-dev", "soft0,soft1", "--rdma-tiers", "soft0"}, "leaves out soft1"},
+		{[]string{"--rdma-tiers", "soft0;soft1"}, "needs an explicit --rdma-dev list"},
+		{[]string{"--rdma-dev", "soft0,soft1", "--rdma-primary-dev", "soft2"}, `--rdma-primary-dev \"soft2\" is not in --rdma-dev`},
+		{[]string{"--rdma-dev", "soft0,mlx5_0"}, `no device \"mlx5_0\" (provider soft has soft0)`},
+		{[]string{"--rdma-dev", "soft0,soft0"}, "listed twice"},
+	}
+	for _, tc := range cases {
+		dir := t.TempDir()
+		args := append([]string{"--host", "127.0.0.1", "--port", "0", "--dir", filepath.Join(dir, "data"), "--cap", "64MiB",
+			"--store-engine", engine(), "--rdma", "--rdma-provider", "soft", "--rdma-segment", "16MiB"}, tc.args...)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		out, err := exec.CommandContext(ctx, filepath.Join(binDir, "dfkv_server"), args...).CombinedOutput()
+		timedOut := ctx.Err() != nil
+		cancel()
+		if err == nil || timedOut {
+			t.Errorf("%v: started (err %v, timed out %v)\n%s", tc.args, err, timedOut, out)
+			continue
+		}
+		// The message is in the log line's err attribute (quotes escaped).
+		if !strings.Contains(string(out), tc.want) {
+			t.Errorf("%v: message lacks %q:\n%s", tc.args, tc.want, out)
+		}
+	}
+}
