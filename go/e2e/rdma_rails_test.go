@@ -212,15 +212,17 @@ func snapMetric(t *testing.T, snap []byte, name string) float64 {
 // server at start with a message naming the problem.
 func TestRDMARailsBadConfigRefused(t *testing.T) {
 	cases := []struct {
-		args []string
-		want string
+		args  []string
+		want  string
+		early bool // refused while parsing flags, before the store opens
 	}{
-		{[]string{"--rdma-dev", "soft0,soft1", "--rdma-tiers", "soft0;soft9"}, `soft9\" is not in --rdma-dev soft0,soft1`},
-		{[]string{"--rdma-dev", "soft0,soft1", "--rdma-tiers", "soft0"}, "leaves out soft1"},
-		{[]string{"--rdma-tiers", "soft0;soft1"}, "needs an explicit --rdma-dev list"},
-		{[]string{"--rdma-dev", "soft0,soft1", "--rdma-primary-dev", "soft2"}, `--rdma-primary-dev \"soft2\" is not in --rdma-dev`},
-		{[]string{"--rdma-dev", "soft0,mlx5_0"}, `no device \"mlx5_0\" (provider soft has soft0)`},
-		{[]string{"--rdma-dev", "soft0,soft0"}, "listed twice"},
+		{[]string{"--rdma-dev", "soft0,soft1", "--rdma-tiers", "soft0;soft9"}, `device "soft9" is not in --rdma-dev soft0,soft1`, true},
+		{[]string{"--rdma-dev", "soft0,soft1", "--rdma-tiers", "soft0"}, "leaves out soft1", true},
+		{[]string{"--rdma-tiers", "soft0;soft1"}, "needs an explicit --rdma-dev list", true},
+		{[]string{"--rdma-dev", "soft0,soft1", "--rdma-primary-dev", "soft2"}, `--rdma-primary-dev "soft2" is not in --rdma-dev`, true},
+		{[]string{"--rdma-dev", "soft0,soft0"}, "listed twice", true},
+		{[]string{"--rdma-health-recovery-samples", "0"}, "want > 0 and >= 1", true},
+		{[]string{"--rdma-dev", "soft0,mlx5_0"}, `no device "mlx5_0" (provider soft has soft0)`, false},
 	}
 	for _, tc := range cases {
 		dir := t.TempDir()
@@ -234,9 +236,13 @@ func TestRDMARailsBadConfigRefused(t *testing.T) {
 			t.Errorf("%v: started (err %v, timed out %v)\n%s", tc.args, err, timedOut, out)
 			continue
 		}
-		// The message is in the log line's err attribute (quotes escaped).
-		if !strings.Contains(string(out), tc.want) {
+		// A refusal after the store opened is a log line's err attribute (quotes escaped).
+		msg := strings.ReplaceAll(string(out), `\"`, `"`)
+		if !strings.Contains(msg, tc.want) {
 			t.Errorf("%v: message lacks %q:\n%s", tc.args, tc.want, out)
+		}
+		if opened := strings.Contains(msg, "slab: opened"); tc.early && opened {
+			t.Errorf("%v: the store opened before the flags were refused:\n%s", tc.args, out)
 		}
 	}
 }

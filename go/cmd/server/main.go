@@ -91,6 +91,9 @@ func parse(args []string) (*options, error) {
 	if err := o.mds.validate(); err != nil {
 		return nil, err
 	}
+	if err := o.rdma.validate(); err != nil {
+		return nil, err
+	}
 	if o.accessLogSample < 1 {
 		return nil, fmt.Errorf("--access-log-sample %d: want at least 1 (log 1 in N requests)", o.accessLogSample)
 	}

@@ -47,6 +47,25 @@ func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
 	fs.IntVar(&o.recoverySamples, "rdma-health-recovery-samples", 3, "consecutive healthy samples a rail that was down needs before it is healthy again")
 }
 
+// validate refuses rail flags that cannot work, before anything opens (setupRDMA checks
+// the devices themselves against the provider).
+func (o *rdmaOptions) validate() error {
+	devs, err := rails.ParseList(o.devs)
+	if err != nil {
+		return fmt.Errorf("--rdma-dev: %w", err)
+	}
+	if _, err := rails.Plan(devs, o.tiers, o.primary); err != nil {
+		return err
+	}
+	if o.serverProtocol != 0 && o.serverProtocol != 1 {
+		return fmt.Errorf("--rdma-server-protocol %d: want 0 (auto) or 1", o.serverProtocol)
+	}
+	if o.healthInterval <= 0 || o.recoverySamples < 1 {
+		return fmt.Errorf("--rdma-health-interval %v / --rdma-health-recovery-samples %d: want > 0 and >= 1", o.healthInterval, o.recoverySamples)
+	}
+	return nil
+}
+
 // rdmaProvider builds the provider. The soft provider creates as many devices as
 // DFKV_SOFT_RDMA_DEVICES says, and at least enough for every softN the list names.
 func rdmaProvider(name string, devs []string) (verbs.Provider, error) {
