@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -94,6 +96,18 @@ func TestRDMARailsTopology(t *testing.T) {
 		t.Fatal("rail gauges at start")
 	}
 
+	// Both rails serve: a connection offering soft1 is served on soft1.
+	{
+		cp, err := soft.New(soft.Options{Devices: 2, FaultFile: filepath.Join(dir, "no-faults-for-the-client")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdmaRoundTrip(t, s.addr, cp, "soft1", 1)
+		if a, b := railMetric(t, s, "dfkv_rdma_rail_conns_opened_total", "soft0"), railMetric(t, s, "dfkv_rdma_rail_conns_opened_total", "soft1"); a != 0 || b != 1 {
+			t.Fatalf("an offer naming soft1: served soft0 %v soft1 %v", a, b)
+		}
+	}
+
 	// A client following the MDS (the C ABI's Go core) and its ring.
 	h := cabi.Open(&cabi.Options{StructSize: cabi.OptionsSize, ABIVersion: cabi.ABIVersion, Namespace: []byte("e2e-rails"),
 		MDSEndpoints: mds.addr, MDSGroup: group, MDSPollMS: 100})
@@ -140,30 +154,17 @@ func TestRDMARailsTopology(t *testing.T) {
 		t.Fatal("the client rebuilt its ring for a rail change")
 	}
 
-	// The server still serves RDMA on its tier-0 rail (the primary), byte-exact.
-	boot, st := rdmaBootstrap(t, s.addr)
-	if st != fb.StatusOk {
-		t.Fatalf("bootstrap status %s", st)
-	}
-	p, err := soft.New(soft.Options{Devices: 2})
+	// The client's NICs: its own soft provider, without the fault file (its soft1 is fine).
+	cp, err := soft.New(soft.Options{Devices: 2, FaultFile: filepath.Join(dir, "no-faults-for-the-client")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := onesided.Dial(boot, onesided.Config{Provider: p, Device: "soft0", MaxBlock: 1 << 20, Depth: 2, IOTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	// soft1 is down on the server: a connection offering soft1 is served on soft0 (tier 0,
+	// healthy), byte-exact.
+	rdmaRoundTrip(t, s.addr, cp, "soft1", 2)
+	if a, b := railMetric(t, s, "dfkv_rdma_rail_conns_opened_total", "soft0"), railMetric(t, s, "dfkv_rdma_rail_conns_opened_total", "soft1"); a != 1 || b != 1 {
+		t.Fatalf("with soft1 down, an offer naming soft1: served soft0 %v soft1 %v (want 1, 1: the first went to soft1)", a, b)
 	}
-	v := rnd(300000, 11)
-	id := identity.ObjectID{Hi: 7, Lo: 7}
-	put := &onesided.Op{Kind: fb.OpPut, Tenant: 3, ID: id, Value: [][]byte{v}}
-	get := &onesided.Op{Kind: fb.OpGet, Tenant: 3, ID: id, Dst: [][]byte{make([]byte, len(v))}}
-	if err := c.Do(context.Background(), []*onesided.Op{put}); err != nil || put.Status != fb.StatusOk {
-		t.Fatalf("put over soft0 with soft1 down: %v %s", err, put.Status)
-	}
-	if err := c.Do(context.Background(), []*onesided.Op{get}); err != nil || get.Status != fb.StatusOk || !bytes.Equal(get.Dst[0], v) {
-		t.Fatalf("get over soft0 with soft1 down: %v %s", err, get.Status)
-	}
-	c.Close()
 
 	// The port comes back: Quarantined first (a new generation), Healthy after the samples.
 	if err := soft.WriteFaults(faults, ""); err != nil {
@@ -190,6 +191,55 @@ func TestRDMARailsTopology(t *testing.T) {
 	if gc.View() != view0 {
 		t.Fatal("the client rebuilt its ring across the whole down/up cycle")
 	}
+}
+
+// rdmaRoundTrip bootstraps an RDMA connection to addr from the client's device dev and
+// checks a v2 PUT and GET byte-exact.
+func rdmaRoundTrip(t *testing.T, addr string, p *soft.Provider, dev string, seed uint64) {
+	t.Helper()
+	boot, st := rdmaBootstrap(t, addr)
+	if st != fb.StatusOk {
+		t.Fatalf("bootstrap status %s", st)
+	}
+	defer boot.Close()
+	c, err := onesided.Dial(boot, onesided.Config{Provider: p, Device: dev, MaxBlock: 1 << 20, Depth: 2, IOTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	v := rnd(300000, seed)
+	id := identity.ObjectID{Hi: 7, Lo: seed}
+	put := &onesided.Op{Kind: fb.OpPut, Tenant: 3, ID: id, Value: [][]byte{v}}
+	get := &onesided.Op{Kind: fb.OpGet, Tenant: 3, ID: id, Dst: [][]byte{make([]byte, len(v))}}
+	if err := c.Do(context.Background(), []*onesided.Op{put, get}); err != nil || put.Status != fb.StatusOk || get.Status != fb.StatusOk || !bytes.Equal(get.Dst[0], v) {
+		t.Fatalf("rdma from %s: %v %s %s", dev, err, put.Status, get.Status)
+	}
+}
+
+// railMetric reads one series of a metric with a rail label from the server.
+func railMetric(t *testing.T, s *serverProc, name, rail string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + s.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := name + `{rail="` + rail + `"} `
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("%s{rail=%q} not exported", name, rail)
+	return 0
 }
 
 // snapMetric reads one unlabeled series from a client snapshot (Prometheus text format).

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -115,7 +114,7 @@ func checkListed(p verbs.Provider, devs []string) error {
 // usable here (said in one log line; TCP serves). An explicit --rdma-dev list that cannot be
 // satisfied, or a bad --rdma-tiers / --rdma-primary-dev, is an error: the node refuses to
 // start rather than silently serve TCP only.
-func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg prometheus.Registerer, log *slog.Logger) (*onesided.Server, *rails.Monitor, error) {
+func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg prometheus.Registerer, log *slog.Logger) (rdmaServing, *rails.Monitor, error) {
 	devs, err := rails.ParseList(o.devs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--rdma-dev: %w", err)
@@ -144,59 +143,104 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 	}
 	cfg := onesided.Config{Provider: p, MaxBlock: maxValue, Depth: uint32(max(o.depth, 1)),
 		SegmentBytes: uint64(o.segment), ForceV1: o.serverProtocol == 1, Logger: log}
-	var s *onesided.Server
+	var srv rdmaServing
+	var rs *onesided.RailServer
 	primary := strings.TrimSpace(o.primary)
 	switch {
 	case len(devs) > 0:
-		// Primary first, then by tier: the first device with an ACTIVE port serves.
-		var errs []error
-		for _, d := range rails.ServeOrder(specs, primary) {
-			cfg.Device = d
-			if s, err = onesided.NewServer(cfg, engine); err == nil {
-				break
-			}
-			errs = append(errs, err)
+		// Every listed rail with an ACTIVE port serves (primary first, then by tier); a
+		// connection lands on the rail its offer names while that rail is healthy.
+		var skipped map[string]error
+		rs, skipped, err = onesided.NewRailServer(cfg, engine, rails.ServeOrder(specs, primary))
+		if err != nil {
+			return nil, nil, fmt.Errorf("rdma: --rdma-dev %s: %w", o.devs, err)
 		}
-		if s == nil {
-			return nil, nil, fmt.Errorf("rdma: --rdma-dev %s: %w", o.devs, errors.Join(errs...))
+		for d, why := range skipped {
+			log.Warn("rdma rail not served (published and monitored; restart to serve it)", "rail", d, "reason", why.Error())
 		}
+		srv = rs
 	case primary != "":
 		cfg.Device = primary
-		if s, err = onesided.NewServer(cfg, engine); err != nil {
+		s, err := onesided.NewServer(cfg, engine)
+		if err != nil {
 			log.Warn("rdma: --rdma-primary-dev cannot serve; using the first ACTIVE device", "device", primary, "err", err)
 			cfg.Device = ""
 			s, err = onesided.NewServer(cfg, engine)
 		}
+		if err != nil {
+			log.Warn("rdma not in use; serving TCP only", "provider", o.provider, "reason", err.Error())
+			return nil, nil, nil
+		}
+		srv = s
 	default:
-		s, err = onesided.NewServer(cfg, engine)
-	}
-	if err != nil {
-		log.Warn("rdma not in use; serving TCP only", "provider", o.provider, "reason", err.Error())
-		return nil, nil, nil
+		s, err := onesided.NewServer(cfg, engine)
+		if err != nil {
+			log.Warn("rdma not in use; serving TCP only", "provider", o.provider, "reason", err.Error())
+			return nil, nil, nil
+		}
+		srv = s
 	}
 	if len(specs) == 0 {
-		specs = []rails.Spec{{Device: s.Device()}} // discovered: the one device it serves on
+		specs = []rails.Spec{{Device: srv.Device()}} // discovered: the one device it serves on
 	}
 	mon, err := rails.NewMonitor(rails.Config{Provider: p, Rails: specs, RecoverySamples: o.recoverySamples,
 		Interval: o.healthInterval, Logger: log})
 	if err != nil {
-		s.Close()
+		srv.Close()
 		return nil, nil, err
+	}
+	var served []string
+	if rs != nil {
+		rs.SetHealth(mon.Healthy)
+		served = rs.Devices()
+	} else {
+		served = []string{srv.Device()}
 	}
 	var published []string
 	for _, r := range mon.Rails() {
 		published = append(published, fmt.Sprintf("%s(tier %d, %s)", r.Device, r.Tier, r.State()))
 	}
-	log.Info("rdma serving", "provider", o.provider, "device", s.Device(), "rails", strings.Join(published, ","),
+	log.Info("rdma serving", "provider", o.provider, "served", strings.Join(served, ","), "rails", strings.Join(published, ","),
 		"segment", int64(o.segment), "force_v1", cfg.ForceV1)
 	if reg != nil {
-		registerRDMAMetrics(reg, s)
+		registerRDMAMetrics(reg, srv)
 		mon.Register(reg)
+		if rs != nil {
+			reg.MustRegister(&railConnCollector{rs: rs,
+				opened: prometheus.NewDesc("dfkv_rdma_rail_conns_opened_total", "RDMA connections (v1 and v2) served on the rail.", []string{"rail"}, nil),
+				active: prometheus.NewDesc("dfkv_rdma_rail_active_conns", "RDMA connections open on the rail.", []string{"rail"}, nil),
+			})
+		}
 	}
-	return s, mon, nil
+	return srv, mon, nil
 }
 
-func registerRDMAMetrics(reg prometheus.Registerer, s *onesided.Server) {
+// rdmaServing is what dfkv_server needs of its RDMA side: a Server (one device) or a
+// RailServer (every listed rail).
+type rdmaServing interface {
+	server.RDMAServer
+	Stats() map[string]float64
+	Device() string
+	Close() error
+}
+
+// railConnCollector exports each rail's connection counts.
+type railConnCollector struct {
+	rs             *onesided.RailServer
+	opened, active *prometheus.Desc
+}
+
+func (c *railConnCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.opened; ch <- c.active }
+
+func (c *railConnCollector) Collect(ch chan<- prometheus.Metric) {
+	for rail, st := range c.rs.RailStats() {
+		ch <- prometheus.MustNewConstMetric(c.opened, prometheus.CounterValue,
+			st["dfkv_rdma_v1_conns_opened_total"]+st["dfkv_rdma_v2_conns_opened_total"], rail)
+		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, st["dfkv_rdma_active_conns"], rail)
+	}
+}
+
+func registerRDMAMetrics(reg prometheus.Registerer, s interface{ Stats() map[string]float64 }) {
 	for name := range s.Stats() {
 		n := name
 		f := func() float64 { return s.Stats()[n] }
@@ -208,4 +252,7 @@ func registerRDMAMetrics(reg prometheus.Registerer, s *onesided.Server) {
 	}
 }
 
-var _ server.RDMAServer = (*onesided.Server)(nil)
+var (
+	_ rdmaServing = (*onesided.Server)(nil)
+	_ rdmaServing = (*onesided.RailServer)(nil)
+)

@@ -84,6 +84,18 @@ func (m *Monitor) Rails() []wire.Rail {
 	return out
 }
 
+// Healthy reports whether dev is a configured rail published Healthy now.
+func (m *Monitor) Healthy(dev string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range m.rails {
+		if r.pub.Device == dev {
+			return r.pub.Health == fb.RailHealthHealthy
+		}
+	}
+	return false
+}
+
 // Sample queries the provider once and reports whether a published field changed.
 func (m *Monitor) Sample() bool { return m.sample(false) }
 

@@ -152,6 +152,9 @@ func TestMonitorHealthMachine(t *testing.T) {
 		if v["soft1"] != s.soft1 {
 			t.Fatalf("%s: soft1 %+v, want %+v", s.name, v["soft1"], s.soft1)
 		}
+		if m.Healthy("soft1") != (s.soft1.health == fb.RailHealthHealthy) || !m.Healthy("soft0") || m.Healthy("mlx5_0") {
+			t.Fatalf("%s: Healthy() disagrees with the published rails", s.name)
+		}
 		if v["soft0"] != healthy(1, 0) {
 			t.Fatalf("%s: soft0 moved: %+v", s.name, v["soft0"])
 		}
