@@ -296,3 +296,52 @@ func TestRDMARailsBadConfigRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestRDMARailDownAtStart: a listed rail whose port is down at start is published Down and
+// not served; when it comes up it is published Healthy (after the recovery samples) and
+// then served.
+func TestRDMARailDownAtStart(t *testing.T) {
+	dir := t.TempDir()
+	faults := filepath.Join(dir, "soft-faults")
+	if err := soft.WriteFaults(faults, "soft1 port down\n"); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(soft.FaultsEnv, faults)
+	s := startServer(t, filepath.Join(dir, "node"), "--cap", "256MiB", "--max-msg", "1MiB",
+		"--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1", "--rdma-segment", "64MiB",
+		"--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", "2", "--log-level", "info")
+	metrics := func() string {
+		resp, err := http.Get("http://" + s.metricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if m := metrics(); !strings.Contains(m, `dfkv_rdma_rail_healthy{rail="soft1"} 0`) || strings.Contains(m, `dfkv_rdma_rail_active_conns{rail="soft1"}`) {
+		t.Fatalf("soft1 down at start should be published unhealthy and not served:\n%s", m)
+	}
+	if !strings.Contains(s.log.String(), "rdma rail not served") {
+		t.Fatalf("no warning for the rail not served:\n%s", s.log)
+	}
+	cp, err := soft.New(soft.Options{Devices: 2, FaultFile: filepath.Join(dir, "no-faults-for-the-client")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdmaRoundTrip(t, s.addr, cp, "soft1", 1) // served on soft0 meanwhile
+	if railMetric(t, s, "dfkv_rdma_rail_conns_opened_total", "soft0") != 1 {
+		t.Fatal("the offer naming soft1 did not land on soft0")
+	}
+	if err := soft.WriteFaults(faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "soft1 healthy and served", func() bool {
+		m := metrics()
+		return strings.Contains(m, `dfkv_rdma_rail_healthy{rail="soft1"} 1`) && strings.Contains(m, `dfkv_rdma_rail_active_conns{rail="soft1"}`)
+	})
+	rdmaRoundTrip(t, s.addr, cp, "soft1", 2)
+	if a, b := railMetric(t, s, "dfkv_rdma_rail_conns_opened_total", "soft0"), railMetric(t, s, "dfkv_rdma_rail_conns_opened_total", "soft1"); a != 1 || b != 1 {
+		t.Fatalf("after recovery: soft0 %v soft1 %v", a, b)
+	}
+}

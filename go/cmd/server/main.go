@@ -241,7 +241,10 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	if railMon != nil {
 		// A rail whose health moves re-publishes the member: topology_epoch moves.
-		railMon.Start(nodeReg.updateRails)
+		railMon.Start(func(rs []wire.Rail) {
+			nodeReg.updateRails(rs)
+			serveRecoveredRails(rdmaSrv, rs, log)
+		})
 	}
 	serveErr := cli.WaitForStop(log, map[string]<-chan error{"listener": errc})
 	if railMon != nil {

@@ -19,6 +19,8 @@ import (
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/ibverbs"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 type rdmaOptions struct {
@@ -156,7 +158,7 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 			return nil, nil, fmt.Errorf("rdma: --rdma-dev %s: %w", o.devs, err)
 		}
 		for d, why := range skipped {
-			log.Warn("rdma rail not served (published and monitored; restart to serve it)", "rail", d, "reason", why.Error())
+			log.Warn("rdma rail not served yet (published and monitored; served once it is healthy)", "rail", d, "reason", why.Error())
 		}
 		srv = rs
 	case primary != "":
@@ -213,6 +215,29 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 		}
 	}
 	return srv, mon, nil
+}
+
+// serveRecoveredRails starts serving a listed rail that was down at start once it is
+// published Healthy (a RailServer only; a no-op for rails already served).
+func serveRecoveredRails(srv rdmaServing, published []wire.Rail, log *slog.Logger) {
+	rs, ok := srv.(*onesided.RailServer)
+	if !ok {
+		return
+	}
+	served := map[string]bool{}
+	for _, d := range rs.Devices() {
+		served[d] = true
+	}
+	for _, r := range published {
+		if r.Health != fb.RailHealthHealthy || served[r.Device] {
+			continue
+		}
+		if err := rs.AddRail(r.Device); err != nil {
+			log.Warn("rdma rail healthy again but not served", "rail", r.Device, "err", err)
+		} else {
+			log.Info("rdma rail now served", "rail", r.Device)
+		}
+	}
 }
 
 // rdmaServing is what dfkv_server needs of its RDMA side: a Server (one device) or a

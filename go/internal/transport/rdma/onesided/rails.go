@@ -27,13 +27,18 @@ type sharedSegment struct {
 // server has that rail and it is healthy, else on the first healthy rail in order, so a
 // client whose rail is down here still gets RDMA through another one.
 type RailServer struct {
-	order   []string // rails served, in preference order
-	servers map[string]*Server
+	pref    []string // every configured rail, in preference order
+	engine  store.Engine
 	shared  *sharedSegment
 	limits  dcp.Limits
 	cfg     Config
 	healthy atomic.Pointer[func(device string) bool]
-	closeMu sync.Once
+
+	addMu   sync.Mutex // serializes AddRail and Close (a rail opening while the segment is freed)
+	mu      sync.RWMutex
+	order   []string // rails served, in preference order
+	servers map[string]*Server
+	closed  bool
 }
 
 // NewRailServer opens a Server on each device in devices (preference order). A device that
@@ -49,7 +54,7 @@ func NewRailServer(cfg Config, engine store.Engine, devices []string) (r *RailSe
 		return nil, nil, err
 	}
 	r = &RailServer{servers: map[string]*Server{}, shared: &sharedSegment{buf: buf, seg: newSegment(cfg.SegmentBytes)},
-		limits: cfg.limits(), cfg: cfg}
+		limits: cfg.limits(), cfg: cfg, pref: append([]string(nil), devices...), engine: engine}
 	skipped = map[string]error{}
 	for _, d := range devices {
 		c := cfg
@@ -88,15 +93,65 @@ func (r *RailServer) isHealthy(d string) bool {
 	return h == nil || (*h)(d)
 }
 
-// Devices lists the rails served, in preference order.
-func (r *RailServer) Devices() []string { return append([]string(nil), r.order...) }
+// AddRail starts serving a configured rail that could not serve at start (its port came
+// up since). A rail already served is a no-op.
+func (r *RailServer) AddRail(dev string) error {
+	r.addMu.Lock()
+	defer r.addMu.Unlock()
+	r.mu.RLock()
+	_, have := r.servers[dev]
+	closed := r.closed
+	r.mu.RUnlock()
+	if have {
+		return nil
+	}
+	if closed {
+		return errors.New("onesided: rail server closed")
+	}
+	known := false
+	for _, d := range r.pref {
+		known = known || d == dev
+	}
+	if !known {
+		return fmt.Errorf("onesided: %q is not a configured rail", dev)
+	}
+	c := r.cfg
+	c.Device, c.shared = dev, r.shared
+	s, err := NewServer(c, r.engine)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.servers[dev] = s
+	r.order = r.order[:0:0]
+	for _, d := range r.pref {
+		if r.servers[d] != nil {
+			r.order = append(r.order, d)
+		}
+	}
+	return nil
+}
 
-// Device is the preferred rail (the one a connection naming no served rail gets when it
-// is healthy).
-func (r *RailServer) Device() string { return r.order[0] }
+// Devices lists the rails served, in preference order.
+func (r *RailServer) Devices() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return append([]string(nil), r.order...)
+}
+
+// Device is the preferred rail served (the one a connection naming no served rail gets
+// when it is healthy).
+func (r *RailServer) Device() string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.order[0]
+}
 
 // choose picks the rail for an offer naming want.
 func (r *RailServer) choose(want string) *Server {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	if s, ok := r.servers[want]; ok && r.isHealthy(want) {
 		return s
 	}
@@ -133,11 +188,23 @@ func (r *RailServer) Serve(ctx context.Context, boot net.Conn) error {
 	return s.serveTail(ctx, boot, kind, body)
 }
 
+// served returns the rails' servers in preference order.
+func (r *RailServer) served() ([]string, []*Server) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	ss := make([]*Server, len(r.order))
+	for i, d := range r.order {
+		ss[i] = r.servers[d]
+	}
+	return append([]string(nil), r.order...), ss
+}
+
 // Stats sums the rails' metrics (the segment gauges once: it is shared).
 func (r *RailServer) Stats() map[string]float64 {
 	out := map[string]float64{}
-	for _, d := range r.order {
-		for k, v := range r.servers[d].Stats() {
+	_, ss := r.served()
+	for _, srv := range ss {
+		for k, v := range srv.Stats() {
 			if strings.HasPrefix(k, "dfkv_rdma_recv_segment_") {
 				out[k] = v
 				continue
@@ -151,20 +218,29 @@ func (r *RailServer) Stats() map[string]float64 {
 // RailStats returns each served rail's own metrics.
 func (r *RailServer) RailStats() map[string]map[string]float64 {
 	out := map[string]map[string]float64{}
-	for _, d := range r.order {
-		out[d] = r.servers[d].Stats()
+	names, ss := r.served()
+	for i, srv := range ss {
+		out[names[i]] = srv.Stats()
 	}
 	return out
 }
 
 // Close closes every rail, then frees the shared segment.
 func (r *RailServer) Close() error {
+	r.addMu.Lock()
+	defer r.addMu.Unlock()
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.mu.Unlock()
+	_, ss := r.served()
 	var errs []error
-	r.closeMu.Do(func() {
-		for _, d := range r.order {
-			errs = append(errs, r.servers[d].Close())
-		}
-		r.shared.buf.Free()
-	})
+	for _, srv := range ss {
+		errs = append(errs, srv.Close())
+	}
+	r.shared.buf.Free()
 	return errors.Join(errs...)
 }

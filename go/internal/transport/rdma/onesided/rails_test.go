@@ -108,8 +108,31 @@ func TestRailServerServesTheOfferedRail(t *testing.T) {
 	if a, b := conns(); a != 3 || b != 1 {
 		t.Fatalf("offer naming an unhealthy soft1: soft0 %v soft1 %v", a, b)
 	}
+	// soft2's port comes up: added, it serves the offers naming it.
+	if err := r.AddRail("soft2"); err == nil {
+		t.Fatal("soft2 added while its port is down")
+	}
+	if err := soft.WriteFaults(faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.AddRail("soft2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.AddRail("soft2"); err != nil { // already served: no-op
+		t.Fatal(err)
+	}
+	if err := r.AddRail("mlx5_0"); err == nil {
+		t.Fatal("an unconfigured rail added")
+	}
+	if got := r.Devices(); len(got) != 3 || got[2] != "soft2" {
+		t.Fatalf("served after AddRail: %v", got)
+	}
+	roundTrip("soft2", 5)
+	if n := r.RailStats()["soft2"]["dfkv_rdma_v2_conns_opened_total"]; n != 1 {
+		t.Fatalf("offer naming the added soft2: served there %v times", n)
+	}
 	st := r.Stats()
-	if st["dfkv_rdma_v2_conns_opened_total"] != 4 || st["dfkv_rdma_recv_segment_bytes"] != segBytes {
+	if st["dfkv_rdma_v2_conns_opened_total"] != 5 || st["dfkv_rdma_recv_segment_bytes"] != segBytes {
 		t.Fatalf("summed stats %v", st)
 	}
 	// Every connection closed: the shared segment is whole again (its lease went back from
