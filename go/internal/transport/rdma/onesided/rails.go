@@ -244,3 +244,6 @@ func (r *RailServer) Close() error {
 	r.shared.buf.Free()
 	return errors.Join(errs...)
 }
+
+// Device is the name of the device this server serves on.
+func (s *Server) Device() string { return s.ctx.Info().Name }
