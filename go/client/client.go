@@ -151,6 +151,9 @@ func (c *Client) Close() error {
 		p.close()
 	}
 	c.mu.Unlock()
+	if c.opts.RDMA != nil {
+		c.closeRDMADevice() // after the connections: pools, then PD and context
+	}
 	return c.opts.Membership.Close()
 }
 

@@ -56,7 +56,9 @@ type rdmaState struct {
 	provErr error
 
 	mu      sync.Mutex
-	regions [][]byte
+	regions [][]byte         // RegisterMemory's ranges, registered on every device opened
+	dev     *onesided.Device // opened by the first connection; shared by all (closed: nil)
+	closed  bool
 
 	used   atomic.Bool
 	reason atomic.Pointer[string]
@@ -210,43 +212,120 @@ func (c *Client) TransportMode() string {
 	return "tcp(rdma not negotiated yet)"
 }
 
-// RegisterMemory registers buf with every RDMA connection, now and later, so PUT sources
-// and GET destinations inside it move without staging copies. Without RDMA it does nothing.
-// Registering the same range again is a no-op.
+// RegisterMemory registers buf for RDMA once per device (not per connection), now and for a
+// device opened later, so PUT sources and GET destinations inside it move without staging
+// copies on every RDMA connection. Without RDMA it only records the range (for
+// UnregisterMemory). Registering the same range again is a no-op. The memory must stay
+// valid until UnregisterMemory or Close.
 func (c *Client) RegisterMemory(buf []byte) error {
 	if len(buf) == 0 {
 		return fmt.Errorf("dfkv: register memory: empty range: %w", ErrInvalid)
 	}
-	if c.opts.RDMA == nil {
-		return nil
-	}
 	s := &c.rdma
 	s.mu.Lock()
-	for _, r := range s.regions {
-		if &r[0] == &buf[0] && len(r) == len(buf) {
-			s.mu.Unlock()
-			return nil
+	defer s.mu.Unlock()
+	if s.closed || c.closed.Load() {
+		return ErrClosed
+	}
+	if regionIndex(s.regions, buf) >= 0 {
+		return nil
+	}
+	if s.dev != nil {
+		if err := s.dev.RegisterMemory(buf); err != nil {
+			return fmt.Errorf("dfkv: register memory: %w", err)
 		}
 	}
 	s.regions = append(s.regions, buf)
-	s.mu.Unlock()
-	c.mu.RLock()
-	peers := make([]*peer, 0, len(c.peers))
-	for _, p := range c.peers {
-		peers = append(peers, p)
-	}
-	c.mu.RUnlock()
-	for _, p := range peers {
-		p.rdma.mu.Lock()
-		for oc := range p.rdma.all {
-			if err := oc.RegisterMemory(buf); err != nil {
-				p.rdma.mu.Unlock()
-				return fmt.Errorf("dfkv: register memory: %w", err)
-			}
-		}
-		p.rdma.mu.Unlock()
-	}
 	return nil
+}
+
+// UnregisterMemory undoes RegisterMemory for exactly the range buf was registered as (an
+// unknown range is ErrInvalid). New ops stop using the registration at once; it waits for
+// the in-flight ops that use it (at most twice the I/O timeout, else ErrBusy and the range
+// stays registered), then deregisters it on every device. After it returns nil the caller
+// may free or reuse the memory.
+func (c *Client) UnregisterMemory(buf []byte) error {
+	if len(buf) == 0 {
+		return fmt.Errorf("dfkv: unregister memory: empty range: %w", ErrInvalid)
+	}
+	s := &c.rdma
+	s.mu.Lock()
+	i := regionIndex(s.regions, buf)
+	if i < 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("dfkv: unregister memory: %d bytes at %p were not registered: %w", len(buf), &buf[0], ErrInvalid)
+	}
+	s.regions = append(s.regions[:i], s.regions[i+1:]...)
+	dev := s.dev
+	s.mu.Unlock()
+	if dev == nil {
+		return nil
+	}
+	// Every op ends within the I/O timeout (its window's deadline), so this wait is bounded.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*c.opts.IOTimeout)
+	defer cancel()
+	err := dev.UnregisterMemory(ctx, buf)
+	switch {
+	case err == nil, errors.Is(err, onesided.ErrNotRegistered):
+		// Not on the device: it was opened after a failed registration, or closed.
+		return nil
+	case errors.Is(err, onesided.ErrPoolBusy):
+		s.mu.Lock()
+		s.regions = append(s.regions, buf)
+		s.mu.Unlock()
+		return fmt.Errorf("dfkv: unregister memory: %w: %w", ErrBusy, err)
+	default:
+		return fmt.Errorf("dfkv: unregister memory: %w", err)
+	}
+}
+
+// regionIndex finds the registered range equal to buf, or -1.
+func regionIndex(regions [][]byte, buf []byte) int {
+	for i, r := range regions {
+		if &r[0] == &buf[0] && len(r) == len(buf) {
+			return i
+		}
+	}
+	return -1
+}
+
+// rdmaDevice returns the client's opened device, opening it (and registering the pools on
+// it) for the first connection.
+func (c *Client) rdmaDevice(prov verbs.Provider) (*onesided.Device, error) {
+	s := &c.rdma
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if s.dev != nil {
+		return s.dev, nil
+	}
+	dev, err := onesided.OpenDevice(prov, c.opts.RDMA.Device, &s.m)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range s.regions {
+		if err := dev.RegisterMemory(b); err != nil {
+			dev.Release()
+			return nil, fmt.Errorf("register memory: %w", err)
+		}
+	}
+	s.dev = dev
+	return dev, nil
+}
+
+// closeRDMADevice drops the client's reference on its device (Close, after the
+// connections): the last reference deregisters the pools, then frees the PD and context.
+func (c *Client) closeRDMADevice() {
+	s := &c.rdma
+	s.mu.Lock()
+	dev := s.dev
+	s.dev, s.closed = nil, true
+	s.mu.Unlock()
+	if dev != nil {
+		dev.Release()
+	}
 }
 
 // bufConn reads through the pooled connection's buffered reader.
@@ -365,7 +444,15 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, v1 bool) *onesided.Clien
 		c.markTCP(p, fmt.Sprintf("server %s does not serve RDMA", p.addr))
 		return nil
 	}
-	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: o.Device,
+	dev, err := c.rdmaDevice(prov)
+	if err != nil {
+		pc.nc.Close()
+		if !errors.Is(err, ErrClosed) { // no device, or a pool that will not register: TCP
+			c.markTCP(p, err.Error())
+		}
+		return nil
+	}
+	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: o.Device, Shared: dev,
 		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
 		ForceV1: v1, MRCacheBytes: o.MRCacheBytes})
 	switch {
@@ -382,16 +469,6 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, v1 bool) *onesided.Clien
 	default: // e.g. the server's segment is exhausted right now: this op goes over TCP
 		c.setTCPReason(err.Error())
 		return nil
-	}
-	c.rdma.mu.Lock()
-	regions := append([][]byte(nil), c.rdma.regions...)
-	c.rdma.mu.Unlock()
-	for _, b := range regions {
-		if err := oc.RegisterMemory(b); err != nil {
-			oc.Close()
-			c.markTCP(p, "register memory: "+err.Error())
-			return nil
-		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -67,6 +67,8 @@ PROTOTYPES = {
     "dfkv_max_sg_segs": (c_uint32, [c_void_p]),
     # dfkv_register_memory(c, base, size)
     "dfkv_register_memory": (c_int, [c_void_p, c_void_p, c_uint64]),
+    # dfkv_unregister_memory(c, base, size)
+    "dfkv_unregister_memory": (c_int, [c_void_p, c_void_p, c_uint64]),
     # dfkv_transport_mode(c)
     "dfkv_transport_mode": (c_char_p, [c_void_p]),
     # dfkv_stats_snapshot(c, buf, cap)

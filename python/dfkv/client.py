@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Mapping
 from ctypes import addressof, byref, c_int, c_ubyte, c_uint32, c_uint64, c_void_p
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _lib, identity
 from ._buffers import Pins, RawBuffer, new_bytes
@@ -221,7 +221,7 @@ class Client:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._inflight = 0
-        self._registered: List[Pins] = []
+        self._registered: Dict[Tuple[int, int], List[Pins]] = {}  # (address, size) -> pins
         self._namespace = _namespace_bytes(namespace)
         opts, keep = build_options(
             members, self._namespace, mds_endpoints=mds_endpoints, mds_group=mds_group,
@@ -281,7 +281,7 @@ class Client:
             # Inherited through fork(): the parent's Go runtime is not here, and the lock may
             # have been copied while held by a parent thread. Drop the handle, touch nothing.
             self._h = None
-            self._registered = []
+            self._registered = {}
             return
         with self._cv:
             h, self._h = self._h, None
@@ -290,8 +290,9 @@ class Client:
             while self._inflight:
                 self._cv.wait()
         self._lib.dfkv_close(h)
-        for p in self._registered:
-            p.release()
+        for pins in self._registered.values():
+            for p in pins:
+                p.release()
         self._registered.clear()
 
     def _acquire(self) -> int:
@@ -608,10 +609,12 @@ class Client:
     # -- transport, memory, introspection -----------------------------------------------------
 
     def register_memory(self, buf_or_ptr: Any, size: Optional[int] = None) -> bool:
-        """Register memory for RDMA (a no-op success on TCP).
+        """Register memory for RDMA, once per device for all of the client's connections
+        (on TCP it only records the range).
 
-        A buffer object is pinned (kept alive, not resizable) until the client closes; a raw
-        int address needs ``size`` and must stay valid as long as the client uses it.
+        A buffer object is pinned (kept alive, not resizable) until ``unregister_memory`` of
+        the same range or close; a raw int address needs ``size`` and must stay valid until
+        then.
         """
         p = Pins(device_ok=True)
         try:
@@ -635,9 +638,38 @@ class Client:
             p.release()
             raise
         if ok:
-            self._registered.append(p)
+            self._registered.setdefault((addr, n), []).append(p)
         else:
             p.release()
+        return ok
+
+    def unregister_memory(self, buf_or_ptr: Any, size: Optional[int] = None) -> bool:
+        """Undo ``register_memory`` for exactly the range it registered (same buffer or
+        address, same size): waits for calls in flight that use it, deregisters it, and
+        unpins the buffer. False (``last_error`` says why) for a range that is not registered,
+        a second unregister included. After True the memory may be freed or reused."""
+        p = Pins(device_ok=True)
+        try:
+            if _is_int(buf_or_ptr):
+                if size is None:
+                    raise DfkvError("unregister_memory(ptr, size): size is required with a raw address")
+                addr, n = int(buf_or_ptr), _check_len("size", size)
+            else:
+                addr, n = p.read(buf_or_ptr, "memory")
+                if size is not None:
+                    if _check_len("size", size) > n:
+                        raise DfkvError(f"size {size} exceeds the buffer's {n} bytes")
+                    n = size
+            h = self._acquire()
+            try:
+                ok = self._lib.dfkv_unregister_memory(h, addr, n) == 0
+            finally:
+                self._release()
+        finally:
+            p.release()
+        if ok:
+            for q in self._registered.pop((addr, n), []):
+                q.release()
         return ok
 
     def last_error(self) -> str:

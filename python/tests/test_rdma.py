@@ -164,9 +164,27 @@ BATCH_CLIENT = textwrap.dedent("""
     # transient MRs of the C ABI are released with their op, never cached
     assert stat(c, "dfkv_rdma_mr_adhoc_registrations_total") == stat(c, "dfkv_rdma_mr_adhoc_releases_total") > 0
     assert stat(c, "dfkv_rdma_mr_cache_bytes") == 0
+    # one device, one PD and one registration of the pool, shared by the connections
+    assert stat(c, "dfkv_rdma_devices_open") == 1 and stat(c, "dfkv_rdma_pds_open") == 1
+    assert stat(c, "dfkv_rdma_mr_pool_registrations_total") == 1
+    # unregister: deregistered once, unpinned; a second unregister is refused with a reason
+    assert c.unregister_memory(pool)
+    assert stat(c, "dfkv_rdma_mr_pool_deregistrations_total") == 1 and stat(c, "dfkv_rdma_mr_pool_bytes") == 0
+    assert not c.unregister_memory(pool)
+    assert "not registered" in c.last_error(), c.last_error()
+    # plain memory again: byte-exact, not pool ops
+    pool_ops = stat(c, "dfkv_rdma_mr_pool_ops_total")
+    for i, b in enumerate(blocks):
+        b[:] = hashlib.shake_256(b"q%d" % i).digest(1 << 20)
+    want = [bytes(b) for b in blocks]
+    assert c.batch_put(pkeys, blocks) == [True] * 4
+    pool[:] = bytes(len(pool))
+    assert c.batch_get_into(pkeys, blocks) == [True] * 4 and [bytes(b) for b in blocks] == want
+    assert stat(c, "dfkv_rdma_mr_pool_ops_total") == pool_ops
     assert c.batch_remove(keys) == [True] * len(sizes)
     assert c.batch_exist(keys) == [False] * len(sizes)
-    del view, blocks
+    del view, blocks, b
+    pool.extend(b"x")  # unpinned by unregister_memory: resizable again
     import sys
     sys.stderr.write(chr(10).join(l for l in c.stats_snapshot().splitlines() if "rdma" in l and not l.startswith("#")))
     print(c.transport_mode)
@@ -185,7 +203,7 @@ def test_python_batch_sg_over_soft_rdma(rdma_server):
                                       "DFKV_IO_TIMEOUT_MS": "60000"}, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     assert r.stdout.strip() == "rdma", r.stdout
-    # 6 batch puts, 6 scatter-gather puts, 4 from the registered pool
-    assert _metric(mport, "dfkv_rdma_v2_put_writes_total") - before == 16, r.stderr + str({op: _requests(mport, op) for op in tcp_before})
+    # 6 batch puts, 6 scatter-gather puts, 4 from the registered pool, 4 after unregistering it
+    assert _metric(mport, "dfkv_rdma_v2_put_writes_total") - before == 20, r.stderr + str({op: _requests(mport, op) for op in tcp_before})
     assert {op: _requests(mport, op) for op in tcp_before} == tcp_before
     assert _metric(mport, "dfkv_rdma_completion_errors_total") == 0

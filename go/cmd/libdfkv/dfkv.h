@@ -98,11 +98,18 @@ int dfkv_batch_get_auto_sg(dfkv_client_t c, const void* const* keys, const uint6
                            const uint32_t* seg_counts, int n, int* out_ok, uint64_t* out_lens);
 uint32_t dfkv_max_sg_segs(dfkv_client_t c);
 
-/* Registers [base, base+size) with the client's RDMA connections (now and later) so PUT
- * sources and GET destinations inside it move without staging copies: 0, or -1 when
- * registration fails. Idempotent for the same range; the memory must stay valid while the
- * client is open. A no-op success (0) on TCP. A NULL base or a zero size is refused (-1). */
+/* Registers [base, base+size) for RDMA once per device (shared by all of the client's RDMA
+ * connections, now and later) so PUT sources and GET destinations inside it move without
+ * staging copies: 0, or -1 when registration fails. Idempotent for the same range; the
+ * memory must stay valid until dfkv_unregister_memory of that range or dfkv_close. On TCP
+ * it only records the range (0). A NULL base or a zero size is refused (-1). */
 int dfkv_register_memory(dfkv_client_t c, void* base, uint64_t size);
+/* Undoes dfkv_register_memory for exactly the range it registered: new calls stop using the
+ * registration at once, in-flight ones are waited for (bounded by the I/O timeout), then it
+ * is deregistered on every device. 0, after which the caller may free or reuse the memory;
+ * -1 with dfkv_last_error set for a range that is not registered (including a second
+ * unregister) or one still in use past the wait (it stays registered). */
+int dfkv_unregister_memory(dfkv_client_t c, void* base, uint64_t size);
 /* "tcp" (RDMA off), "rdma" (in use), or "tcp(<reason RDMA is not in use>)"; static storage,
  * never NULL ("" for NULL, "closed" for a closed client). */
 const char* dfkv_transport_mode(dfkv_client_t c);

@@ -131,6 +131,9 @@ uint32_t dfkv_max_sg_segs(dfkv_client_t c) { return dfkvgo_max_sg_segs(H(c)); }
 int dfkv_register_memory(dfkv_client_t c, void* base, uint64_t size) {
   return dfkvgo_register_memory(H(c), base, size);
 }
+int dfkv_unregister_memory(dfkv_client_t c, void* base, uint64_t size) {
+  return dfkvgo_unregister_memory(H(c), base, size);
+}
 const char* dfkv_transport_mode(dfkv_client_t c) { return dfkvgo_transport_mode(H(c)); }
 uint64_t dfkv_stats_snapshot(dfkv_client_t c, char* buf, uint64_t cap) {
   return dfkvgo_stats_snapshot(H(c), buf, cap);

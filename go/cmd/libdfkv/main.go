@@ -412,6 +412,14 @@ func dfkvgo_register_memory(c C.uintptr_t, base unsafe.Pointer, size C.uint64_t)
 	})
 }
 
+//export dfkvgo_unregister_memory
+func dfkvgo_unregister_memory(c C.uintptr_t, base unsafe.Pointer, size C.uint64_t) C.int {
+	return call(c, -1, func(h *cabi.Handle) (C.int, error) {
+		rc, err := h.UnregisterMemory(base, uint64(size))
+		return C.int(rc), err
+	})
+}
+
 // Static C strings for dfkv_transport_mode and dfkv_version: allocated once, never freed,
 // so the pointers stay valid for the life of the process.
 var (

@@ -375,13 +375,26 @@ func (h *Handle) keysOnly(keys [][]byte, outOK []int32, f func(context.Context, 
 // MaxSGSegs is the per-item segment limit.
 func (h *Handle) MaxSGSegs() uint32 { return uint32(h.c.MaxSGSegs()) }
 
-// RegisterMemory registers [base, base+size) for RDMA; a no-op success on TCP.
+// RegisterMemory registers [base, base+size) for RDMA (once per device); only recorded on TCP.
 // The memory is the caller's (C) and must stay valid while the client is open.
 func (h *Handle) RegisterMemory(base unsafe.Pointer, size uint64) (int, error) {
 	if base == nil || size == 0 || size > 1<<40 {
 		return -1, errors.New("dfkv: register_memory of an empty or oversized region")
 	}
 	if err := h.c.RegisterMemory(unsafe.Slice((*byte)(base), size)); err != nil {
+		return -1, err
+	}
+	return 0, nil
+}
+
+// UnregisterMemory undoes RegisterMemory for exactly [base, base+size): it waits for the
+// in-flight ops that use the range, then deregisters it on every device; -1 for a range
+// that is not registered (or still in use past the wait). After 0 the caller may free it.
+func (h *Handle) UnregisterMemory(base unsafe.Pointer, size uint64) (int, error) {
+	if base == nil || size == 0 || size > 1<<40 {
+		return -1, errors.New("dfkv: unregister_memory of an empty or oversized region")
+	}
+	if err := h.c.UnregisterMemory(unsafe.Slice((*byte)(base), size)); err != nil {
 		return -1, err
 	}
 	return 0, nil

@@ -111,6 +111,10 @@ func TestHandleLifecycleAndOutputs(t *testing.T) {
 		rc(h.RegisterMemory(nil, 10)) != -1 || rc(h.RegisterMemory(unsafe.Pointer(&regBuf[0]), 0)) != -1 {
 		t.Error("metadata calls")
 	}
+	if rc(h.UnregisterMemory(unsafe.Pointer(&regBuf[0]), 9)) != -1 || rc(h.UnregisterMemory(unsafe.Pointer(&regBuf[0]), 10)) != 0 ||
+		rc(h.UnregisterMemory(unsafe.Pointer(&regBuf[0]), 10)) != -1 || rc(h.UnregisterMemory(nil, 10)) != -1 {
+		t.Error("unregister: another length -1, the registered range 0, again -1, NULL -1")
+	}
 	before := panics.Load()
 	if err := Recovered("boom", nil); err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Errorf("recovered panic error: %v", err)

@@ -128,6 +128,7 @@ class DfkvHiCacheStorage(HiCacheStorage):
         self._flat_key = self._key_fn(KV_POOL, "flat", sharded=not self.is_mla, sg=None)
         self._client = LazyClient(self.cfg, self._namespace(None), name=f"sglang-hicache[tp{self.tp_rank}]")
         self._mem_client: Any = None  # the client the host pools were registered with
+        self._mem_regs: List[Tuple[int, int]] = []  # (address, bytes) registered with it
         logger.info("dfkv HiCache backend: model=%s tp=%d/%d pp=%d/%d mla=%s writer=%s",
                     self.model, self.tp_rank, self.tp_size, self.pp_rank, self.pp_size,
                     self.is_mla, self.is_writer)
@@ -210,14 +211,18 @@ class DfkvHiCacheStorage(HiCacheStorage):
         c = self._client.get()
         if c is None or c is self._mem_client:
             return c
-        self._mem_client = c
+        self._mem_client, self._mem_regs = c, []
         pools = dict(self.registered_pools)
         if self.mem_pool_host is not None:
             pools.setdefault(KV_POOL, self.mem_pool_host)
         for name, pool in pools.items():
             for buf in _pool_buffers(pool):
                 nbytes = buf.numel() * buf.element_size()
-                if nbytes and not safe_call("HiCache register_memory", False, c.register_memory, buf.data_ptr(), nbytes):
+                if not nbytes:
+                    continue
+                if safe_call("HiCache register_memory", False, c.register_memory, buf.data_ptr(), nbytes):
+                    self._mem_regs.append((buf.data_ptr(), nbytes))
+                else:
                     logger.warning("dfkv HiCache: host pool %r (%d bytes) not registered for RDMA: %s",
                                    name, nbytes, c.last_error())
         return c
@@ -474,6 +479,15 @@ class DfkvHiCacheStorage(HiCacheStorage):
         return None
 
     def close(self) -> None:
+        # The host pools belong to SGLang and outlive this backend: unregister them first.
+        c = self._client.peek()
+        if c is not None and c is self._mem_client:
+            for addr, nbytes in self._mem_regs:
+                if not safe_call("HiCache unregister_memory", False, c.unregister_memory, addr, nbytes):
+                    logger.warning("dfkv HiCache: host pool range of %d bytes not unregistered: %s",
+                                   nbytes, c.last_error())
+        self._mem_regs = []
+        self._mem_client = None
         self._client.close()
 
     @property

@@ -258,7 +258,8 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self._layers: List[List[Tuple[str, torch.Tensor, int, int]]] = []
         self._obj_bytes: List[int] = []
         self._load_buf: Optional[torch.Tensor] = None
-        self._buf_client: Dict[str, Tuple[int, int]] = {}  # buffer -> (client, address) registered
+        # buffer -> (client, address, bytes) registered
+        self._buf_client: Dict[str, Tuple[int, int, int]] = {}
         self._save_buf: Optional[torch.Tensor] = None
         self._loader: Optional[ThreadPoolExecutor] = None
         self._load_jobs: Dict[str, Future] = {}
@@ -540,6 +541,8 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             obj_bytes.append(sum(lb for *_, lb in group))
         self._layers, self._obj_bytes = layers, obj_bytes
         self._check_object_size()
+        self._unregister_buf("load")
+        self._unregister_buf("save")
         self._load_buf = self._save_buf = None
         logger.info("dfkv vLLM connector: %d layers in %d groups, object bytes %s, tp %d/%d",
                     sum(len(g) for g in layers), len(layers), obj_bytes, self.tp_rank, self.tp_size)
@@ -585,6 +588,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         buf = self._load_buf if which == "load" else self._save_buf
         width = max(self._obj_bytes or [0])
         if buf is None or buf.shape[1] < width:
+            self._unregister_buf(which)  # before the old buffer can be freed
             pin = torch.cuda.is_available()
             buf = torch.empty((self.staging_blocks, width), dtype=torch.uint8, pin_memory=pin)
             if which == "load":
@@ -593,10 +597,20 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                 self._save_buf = buf
         # Registered with the client that moves it (again when the client was reopened).
         c = self._client.get()
-        if c is not None and self._buf_client.get(which) != (id(c), buf.data_ptr()):
+        if c is not None and self._buf_client.get(which) != (id(c), buf.data_ptr(), buf.numel()):
+            self._unregister_buf(which)
             if c.register_memory(buf.data_ptr(), buf.numel()):
-                self._buf_client[which] = (id(c), buf.data_ptr())
+                self._buf_client[which] = (id(c), buf.data_ptr(), buf.numel())
         return buf
+
+    def _unregister_buf(self, which: str) -> None:
+        """Undo the host buffer's registration with the client that holds it (dropped, or
+        replaced by a larger one): freed memory must not stay registered."""
+        reg = self._buf_client.pop(which, None)
+        c = self._client.peek()
+        if reg is not None and c is not None and id(c) == reg[0]:
+            if not c.unregister_memory(reg[1], reg[2]):
+                logger.warning("dfkv vLLM connector: %s buffer not unregistered: %s", which, c.last_error())
 
     def _gather(self, group: int, block_ids: Sequence[int], out: torch.Tensor) -> None:
         off = 0
@@ -718,4 +732,6 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         for pool in (self._loader, self._lookup_pool):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+        self._unregister_buf("load")
+        self._unregister_buf("save")
         self._client.close()

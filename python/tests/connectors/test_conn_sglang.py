@@ -324,9 +324,15 @@ def test_rdma_moves_pages_through_the_registered_host_pool(rdma_members, tenant,
         c = b.client
         names = ["dfkv_rdma_mr_pool_ops_total", "dfkv_rdma_mr_adhoc_registrations_total",
                  "dfkv_rdma_staged_ops_total", "dfkv_rdma_v2_put_writes_total", "dfkv_rdma_completion_errors_total"]
-        print(json.dumps({{"put": put, "get": got, "same": want == have, "mode": c.transport_mode,
-                           **{{n: stat(c, n) for n in names}}}}))
+        out = {{"put": put, "get": got, "same": want == have, "mode": c.transport_mode,
+               **{{n: stat(c, n) for n in names + ["dfkv_rdma_mr_pool_registrations_total"]}}}}
+        # close unregisters the host pool's buffers (each once, successfully) first
+        unreg = []
+        orig = c.unregister_memory
+        c.unregister_memory = lambda *a: unreg.append(orig(*a)) or unreg[-1]
         b.close()
+        out["unreg"] = unreg
+        print(json.dumps(out))
     """, env={"DFKV_RDMA": "1", "DFKV_RDMA_PROVIDER": "soft"})
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -335,3 +341,5 @@ def test_rdma_moves_pages_through_the_registered_host_pool(rdma_members, tenant,
     assert out["dfkv_rdma_v2_put_writes_total"] == 6 and out["dfkv_rdma_completion_errors_total"] == 0, out
     assert out["dfkv_rdma_mr_pool_ops_total"] == 12, out  # 6 puts + 6 gets, all in the pool
     assert out["dfkv_rdma_mr_adhoc_registrations_total"] == 0 and out["dfkv_rdma_staged_ops_total"] == 0, out
+    assert out["dfkv_rdma_mr_pool_registrations_total"] >= 1, out
+    assert out["unreg"] == [True] * int(out["dfkv_rdma_mr_pool_registrations_total"]), out

@@ -268,9 +268,18 @@ def test_rdma_moves_blocks_through_the_registered_host_buffers(rdma_members, ten
         rc = worker2._client.get()
         names = ["dfkv_rdma_mr_pool_ops_total", "dfkv_rdma_mr_adhoc_registrations_total",
                  "dfkv_rdma_staged_ops_total", "dfkv_rdma_v2_put_writes_total"]
-        print(json.dumps({{"n": n, "loaded": worker2.loaded_last, "same": block_digest(caches2, [9, 10, 11]) == want,
-                           "modes": [wc.transport_mode, rc.transport_mode],
-                           "writer": {{k: stat(wc, k) for k in names}}, "reader": {{k: stat(rc, k) for k in names}}}}))
+        out = {{"n": n, "loaded": worker2.loaded_last, "same": block_digest(caches2, [9, 10, 11]) == want,
+               "modes": [wc.transport_mode, rc.transport_mode],
+               "writer": {{k: stat(wc, k) for k in names}}, "reader": {{k: stat(rc, k) for k in names}},
+               "regs": [stat(wc, "dfkv_rdma_mr_pool_registrations_total"), stat(rc, "dfkv_rdma_mr_pool_registrations_total")]}}
+        # shutdown unregisters the host buffers (each once, successfully) before closing
+        unreg = []
+        for w, c in ((worker, wc), (worker2, rc)):
+            orig = c.unregister_memory
+            c.unregister_memory = lambda *a, orig=orig: unreg.append(orig(*a)) or unreg[-1]
+            w.shutdown()
+        out["unreg"] = unreg
+        print(json.dumps(out))
     """, env={"DFKV_RDMA": "1", "DFKV_RDMA_PROVIDER": "soft"})
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -279,5 +288,7 @@ def test_rdma_moves_blocks_through_the_registered_host_buffers(rdma_members, ten
     w, rd = out["writer"], out["reader"]
     assert w["dfkv_rdma_v2_put_writes_total"] == 3 and w["dfkv_rdma_mr_pool_ops_total"] == 3, out
     assert rd["dfkv_rdma_mr_pool_ops_total"] == 3, out
+    assert out["regs"][0] >= 1 and out["regs"][1] >= 1, out
+    assert out["unreg"] == [True] * int(sum(out["regs"])), out
     for side in (w, rd):
         assert side["dfkv_rdma_mr_adhoc_registrations_total"] == 0 and side["dfkv_rdma_staged_ops_total"] == 0, out

@@ -187,10 +187,38 @@ static void rdma_section(const char* addr) {
   CHECK(stat_value(c, "dfkv_rdma_v2_put_writes_total") >= 2 * NS + PN, "v2 put writes %g",
         stat_value(c, "dfkv_rdma_v2_put_writes_total"));
   CHECK(stat_value(c, "dfkv_rdma_completion_errors_total") == 0, "completion errors");
+  /* one device, one PD and one registration of the pool, shared by the connections */
+  CHECK(stat_value(c, "dfkv_rdma_devices_open") == 1 && stat_value(c, "dfkv_rdma_pds_open") == 1 &&
+            stat_value(c, "dfkv_rdma_mr_pool_registrations_total") == 1,
+        "devices %g, PDs %g, pool registrations %g (connections %g)", stat_value(c, "dfkv_rdma_devices_open"),
+        stat_value(c, "dfkv_rdma_pds_open"), stat_value(c, "dfkv_rdma_mr_pool_registrations_total"),
+        stat_value(c, "dfkv_rdma_v2_conns_opened_total"));
+  /* unregister: deregistered once; the same range again, a range never registered and NULL are refused */
+  CHECK(dfkv_unregister_memory(c, pool, (uint64_t)PN * PB) == 0, "unregister pool: %s", dfkv_last_error(c));
+  CHECK(stat_value(c, "dfkv_rdma_mr_pool_deregistrations_total") == 1 && stat_value(c, "dfkv_rdma_mr_pool_bytes") == 0,
+        "pool deregistrations %g, pool bytes %g", stat_value(c, "dfkv_rdma_mr_pool_deregistrations_total"),
+        stat_value(c, "dfkv_rdma_mr_pool_bytes"));
+  CHECK(dfkv_unregister_memory(c, pool, (uint64_t)PN * PB) == -1 && strstr(dfkv_last_error(c), "not registered") != NULL,
+        "second unregister: '%s'", dfkv_last_error(c));
+  CHECK(dfkv_unregister_memory(c, pool, PB) == -1, "unregister of a sub-range");
+  CHECK(dfkv_unregister_memory(c, NULL, PB) == -1 && dfkv_unregister_memory(c, pool, 0) == -1, "unregister of NULL / 0 bytes");
+  /* the range is plain malloc'd memory again: a batch from and into it is byte-exact, not pool ops */
+  double pool_after = stat_value(c, "dfkv_rdma_mr_pool_ops_total");
+  for (int i = 0; i < PN; i++) fill(pv[i], PB, 160u + (unsigned)i);
+  CHECK(dfkv_batch_put(c, pk, pkl, (const void* const*)pv, pl, PN, ok) == 0, "unregistered pool batch_put");
+  memset(pool, 0, (size_t)PN * PB);
+  CHECK(dfkv_batch_get(c, pk, pkl, (void* const*)pv, pl, PN, ok) == 0, "unregistered pool batch_get");
+  want = malloc(PB);
+  for (int i = 0; i < PN; i++) {
+    fill(want, PB, 160u + (unsigned)i);
+    CHECK(ok[i] == 1 && memcmp(pv[i], want, PB) == 0, "unregistered pool batch item %d", i);
+  }
+  free(want);
+  CHECK(stat_value(c, "dfkv_rdma_mr_pool_ops_total") == pool_after, "pool ops after unregister");
+  free(pool); /* unregistered: the caller may free it while the client stays open */
   CHECK(dfkv_batch_remove(c, keys, klens, NS, ok) == 0 && ok[0] == 1 && dfkv_exist(c, keys[0], klens[0]) == 0,
         "rdma batch_remove");
   dfkv_close(c);
-  free(pool);
   for (int i = 0; i < NS; i++) {
     free(vals[i]);
     free(bufs[i]);
@@ -240,6 +268,9 @@ int main(void) {
   CHECK(dfkv_version() != NULL && dfkv_version()[0] != '\0', "empty version");
   unsigned char region[4096];
   CHECK(dfkv_register_memory(c, region, sizeof region) == 0, "register_memory on tcp");
+  CHECK(dfkv_unregister_memory(c, region, sizeof region) == 0, "unregister_memory on tcp");
+  CHECK(dfkv_unregister_memory(c, region, sizeof region) == -1 && dfkv_last_error(c)[0] != '\0',
+        "second unregister_memory on tcp");
 
   /* ---- single ops with binary keys ---- */
   const unsigned char key[] = {'k', 0, 1, 0xff, 0};
@@ -399,6 +430,7 @@ int main(void) {
   CHECK(strcmp(dfkv_transport_mode(c), "closed") == 0, "transport mode of a closed client");
   CHECK(strstr(dfkv_last_error(c), "closed") != NULL, "last error on a closed client: '%s'", dfkv_last_error(c));
   CHECK(dfkv_max_sg_segs(c) == 0, "max_sg_segs of a closed client");
+  CHECK(dfkv_unregister_memory(c, region, sizeof region) == -1, "unregister_memory on a closed client");
   CHECK(dfkv_max_value_size(c) == 0, "max_value_size of a closed client");
   CHECK(dfkv_batch_exist_lease(c, keys, klens, N, 0, ok) == -1 && ok[0] == 0, "exist_lease on closed client");
   dfkv_close(c); /* double close is harmless */

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"sort"
 	"sync"
 
 	"github.com/dfkv/dfkv/go/identity"
@@ -38,6 +37,7 @@ type Op struct {
 type Client struct {
 	cfg      Config
 	boot     net.Conn // the TCP connection: the server ends the RDMA connection when it closes
+	dev      *Device  // shared (Config.Shared) or this connection's own
 	ctx      verbs.Context
 	pd       verbs.PD
 	scq, rcq verbs.CQ
@@ -57,9 +57,11 @@ type Client struct {
 	slotB    uint64 // slot bytes (v2: the lease's; v1: the receive buffers')
 	respB    int    // bytes per reply buffer (v2: a prefix; v1: a slot)
 
+	closeOnce sync.Once
+	closeErr  error
+
 	mu     sync.Mutex
-	user   []verbs.MR // registered caller memory, sorted by address
-	mrs    mrCache    // transient MRs for unregistered caller memory
+	mrs    mrCache // transient MRs for unregistered caller memory
 	broken error
 	next   int
 	sqMax  int   // send queue capacity
@@ -83,13 +85,16 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 			c.Close()
 		}
 	}()
-	var port verbs.PortInfo
-	if c.ctx, port, err = pickDevice(cfg.Provider, cfg.Device); err != nil {
+	if cfg.Shared != nil {
+		if !cfg.Shared.acquireRef() {
+			return nil, fmt.Errorf("onesided: dial on a released device: %w", verbs.ErrClosed)
+		}
+		c.dev = cfg.Shared
+	} else if c.dev, err = OpenDevice(cfg.Provider, cfg.Device, c.M); err != nil {
 		return nil, err
 	}
-	if c.pd, err = c.ctx.AllocPD(); err != nil {
-		return nil, err
-	}
+	c.ctx, c.pd = c.dev.ctx, c.dev.pd
+	port := c.dev.port
 	if c.scq, err = c.ctx.CreateCQ(4*c.depth + 4); err != nil {
 		return nil, err
 	}
@@ -168,8 +173,14 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 }
 
 // Close ends the connection: the TCP connection first (the server's signal that this end
-// is going away), then the verbs objects.
+// is going away), then the verbs objects, then its reference on the device (the last one
+// deregisters the pools and frees the PD and context). A second Close does nothing.
 func (c *Client) Close() error {
+	c.closeOnce.Do(func() { c.closeErr = c.close() })
+	return c.closeErr
+}
+
+func (c *Client) close() error {
 	if c.active {
 		c.active = false
 		c.M.ActiveConns.Add(-1)
@@ -183,10 +194,6 @@ func (c *Client) Close() error {
 		}
 	}
 	c.mu.Lock()
-	for _, m := range c.user {
-		m.Close()
-	}
-	c.user = nil
 	c.mrs.close()
 	c.mu.Unlock()
 	for _, b := range []*verbs.Buffer{c.hdrBuf, c.stageBuf, c.respBuf} {
@@ -199,51 +206,18 @@ func (c *Client) Close() error {
 			x.Close()
 		}
 	}
-	if c.pd != nil {
-		c.pd.Close()
-	}
-	if c.ctx != nil {
-		return c.ctx.Close()
+	if c.dev != nil {
+		return c.dev.Release()
 	}
 	return nil
 }
 
-// RegisterMemory registers buf for zero-copy PUT sources and GET targets. Registering the
-// same range again is a no-op.
-func (c *Client) RegisterMemory(buf []byte) error {
-	if len(buf) == 0 {
-		return fmt.Errorf("%w: register 0 bytes", verbs.ErrInvalid)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if m, _ := c.findLocked(buf); m != nil {
-		return nil
-	}
-	m, err := c.pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
-	if err != nil {
-		return err
-	}
-	c.user = append(c.user, m)
-	sort.Slice(c.user, func(i, j int) bool { return c.user[i].Addr() < c.user[j].Addr() })
-	return nil
-}
+// Device is the device this connection runs on.
+func (c *Client) Device() *Device { return c.dev }
 
-// findLocked returns the registered MR containing b, and b's offset in it.
-func (c *Client) findLocked(b []byte) (verbs.MR, int) {
-	if len(b) == 0 {
-		return nil, 0
-	}
-	a := addrOf(b)
-	i := sort.Search(len(c.user), func(i int) bool { return c.user[i].Addr() > a }) - 1
-	if i < 0 {
-		return nil, 0
-	}
-	m := c.user[i]
-	if a+uint64(len(b)) <= m.Addr()+uint64(m.Len()) {
-		return m, int(a - m.Addr())
-	}
-	return nil, 0
-}
+// RegisterMemory registers buf on this connection's device (for every connection on it)
+// for zero-copy PUT sources and GET targets. Registering the same range again is a no-op.
+func (c *Client) RegisterMemory(buf []byte) error { return c.dev.RegisterMemory(buf) }
 
 // testTargetRKeyXor corrupts advertised GET target keys (tests of remote access errors).
 var testTargetRKeyXor uint32
@@ -254,14 +228,19 @@ type pending struct {
 	bounce  bool // GET landed in the staging slot; copy out
 	capSize uint64
 	tmp     []*mrEntry // transient MRs the op uses, released when it completes
+	pools   []*poolMR  // pool MRs the op uses (UnregisterMemory waits for them)
 }
 
-// done releases p's transient MRs (its op completed, or the connection broke).
+// done releases p's transient and pool MRs (its op completed, or the connection broke).
 func (c *Client) done(p *pending) {
 	for _, e := range p.tmp {
 		c.mrs.release(e)
 	}
 	p.tmp = nil
+	for _, m := range p.pools {
+		c.dev.releasePool(m)
+	}
+	p.pools = nil
 }
 
 // Do runs ops with up to depth requests in flight; replies complete strictly in order. A
@@ -462,8 +441,9 @@ func (c *Client) gather(vs [][]byte, p *pending) ([]verbs.SGE, bool) {
 // (inPool), else a cached or new transient MR (referenced by p until its op completes);
 // nil when the piece is better copied (small) or cannot be registered.
 func (c *Client) memFor(b []byte, p *pending) (mr verbs.MR, off int, inPool bool) {
-	if m, off := c.findLocked(b); m != nil {
-		return m, off, true
+	if m, off := c.dev.acquirePool(b); m != nil {
+		p.pools = append(p.pools, m)
+		return m.mr, off, true
 	}
 	if len(b) < c.cfg.AdhocMinBytes {
 		return nil, 0, false
@@ -610,10 +590,11 @@ func (c *Client) postV1(ctx context.Context, op *Op) (pending, error) {
 			return p, fmt.Errorf("onesided: value of %d bytes (1..%d)", total, c.tail.MaxBlock)
 		}
 		req.PayloadLen = total
-		if g, ok := c.gatherPool(op.Value); ok && len(g)+1 <= min(max(c.ctx.Info().MaxSGE, 1), 16) {
+		if g, ok := c.gatherPool(op.Value, &p); ok && len(g)+1 <= min(max(c.ctx.Info().MaxSGE, 1), 16) {
 			sgl = append(sgl, g...)
 			c.M.MRPoolOps.Add(1)
 		} else {
+			c.done(&p)
 			c.M.StagedOps.Add(1)
 			st := c.stageBuf.Bytes()[uint64(slot)*c.slotB:]
 			off := 0
@@ -639,19 +620,21 @@ func (c *Client) postV1(ctx context.Context, op *Op) (pending, error) {
 	return p, c.postWRs(ctx, slot, []verbs.SendWR{{ID: uint64(slot), Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGL: sgl}})
 }
 
-// gatherPool returns SGEs for vs when every piece lies in a registered pool (v1: a SEND
-// copies on the server anyway, so no transient MRs are made for it).
-func (c *Client) gatherPool(vs [][]byte) ([]verbs.SGE, bool) {
+// gatherPool returns SGEs for vs when every piece lies in a registered pool (referenced by
+// p); v1: a SEND copies on the server anyway, so no transient MRs are made for it.
+func (c *Client) gatherPool(vs [][]byte, p *pending) ([]verbs.SGE, bool) {
 	var sgl []verbs.SGE
 	for _, v := range vs {
 		if len(v) == 0 {
 			continue
 		}
-		m, off := c.findLocked(v)
+		m, off := c.dev.acquirePool(v)
 		if m == nil {
+			c.done(p)
 			return nil, false
 		}
-		sgl = append(sgl, verbs.SGEOf(m, off, len(v)))
+		p.pools = append(p.pools, m)
+		sgl = append(sgl, verbs.SGEOf(m.mr, off, len(v)))
 	}
 	return sgl, true
 }

@@ -18,6 +18,9 @@ type Config struct {
 	// Device names the device to use; empty picks the first device with an ACTIVE port. A
 	// named device that is missing or down is an error, never a silent fallback.
 	Device string
+	// Shared (client): the opened device (context, PD, pool MRs) to dial on, shared with the
+	// caller's other connections; nil opens one for this connection alone (Provider, Device).
+	Shared *Device
 	// Depth: requests in flight per connection (client: offered; server: most granted).
 	Depth uint32
 	// MaxBlock: the largest value (client: declared; server: most accepted).
@@ -149,6 +152,13 @@ type Metrics struct {
 	MRCacheEvictions atomic.Int64
 	MRCacheBytes     atomic.Int64
 	StagedOps        atomic.Int64
+	// Devices and PDs open, and pool registrations: a pool (RegisterMemory; the server's
+	// RAM-tier arena) is registered once per device, never per connection.
+	DevicesOpen  atomic.Int64
+	PDsOpen      atomic.Int64
+	MRPoolRegs   atomic.Int64
+	MRPoolDeregs atomic.Int64
+	MRPoolBytes  atomic.Int64
 	// IdleReclaims: pooled connections closed after sitting idle past the idle timeout.
 	IdleReclaims atomic.Int64
 	// PoolFull: a client op found every RDMA connection to its server busy (MaxConns) and
@@ -159,29 +169,34 @@ type Metrics struct {
 // Snapshot returns the metrics by their exported names.
 func (m *Metrics) Snapshot() map[string]float64 {
 	return map[string]float64{
-		"dfkv_rdma_v1_conns_opened_total":        float64(m.V1ConnsOpened.Load()),
-		"dfkv_rdma_v2_conns_opened_total":        float64(m.V2ConnsOpened.Load()),
-		"dfkv_rdma_v2_put_writes_total":          float64(m.V2PutWrites.Load()),
-		"dfkv_rdma_v2_get_writes_total":          float64(m.V2GetWrites.Load()),
-		"dfkv_rdma_completions_total":            float64(m.Completions.Load()),
-		"dfkv_rdma_completion_errors_total":      float64(m.CompletionErrors.Load()),
-		"dfkv_rdma_active_conns":                 float64(m.ActiveConns.Load()),
-		"dfkv_rdma_refused_total":                float64(m.Refused.Load()),
-		"dfkv_rdma_pin_waits_total":              float64(m.PinWaits.Load()),
-		"dfkv_rdma_pins_held":                    float64(m.PinsHeld.Load()),
-		"dfkv_rdma_v2_get_zero_copy_total":       float64(m.ZeroCopyGets.Load()),
-		"dfkv_rdma_v1_puts_total":                float64(m.V1Puts.Load()),
-		"dfkv_rdma_v1_gets_total":                float64(m.V1Gets.Load()),
-		"dfkv_rdma_mr_pool_ops_total":            float64(m.MRPoolOps.Load()),
-		"dfkv_rdma_mr_adhoc_registrations_total": float64(m.MRAdhocRegs.Load()),
-		"dfkv_rdma_mr_adhoc_releases_total":      float64(m.MRAdhocReleased.Load()),
-		"dfkv_rdma_mr_adhoc_failures_total":      float64(m.MRAdhocFailures.Load()),
-		"dfkv_rdma_mr_cache_hits_total":          float64(m.MRCacheHits.Load()),
-		"dfkv_rdma_mr_cache_evictions_total":     float64(m.MRCacheEvictions.Load()),
-		"dfkv_rdma_mr_cache_bytes":               float64(m.MRCacheBytes.Load()),
-		"dfkv_rdma_staged_ops_total":             float64(m.StagedOps.Load()),
-		"dfkv_rdma_idle_reclaims_total":          float64(m.IdleReclaims.Load()),
-		"dfkv_rdma_pool_full_total":              float64(m.PoolFull.Load()),
+		"dfkv_rdma_v1_conns_opened_total":         float64(m.V1ConnsOpened.Load()),
+		"dfkv_rdma_v2_conns_opened_total":         float64(m.V2ConnsOpened.Load()),
+		"dfkv_rdma_v2_put_writes_total":           float64(m.V2PutWrites.Load()),
+		"dfkv_rdma_v2_get_writes_total":           float64(m.V2GetWrites.Load()),
+		"dfkv_rdma_completions_total":             float64(m.Completions.Load()),
+		"dfkv_rdma_completion_errors_total":       float64(m.CompletionErrors.Load()),
+		"dfkv_rdma_active_conns":                  float64(m.ActiveConns.Load()),
+		"dfkv_rdma_refused_total":                 float64(m.Refused.Load()),
+		"dfkv_rdma_pin_waits_total":               float64(m.PinWaits.Load()),
+		"dfkv_rdma_pins_held":                     float64(m.PinsHeld.Load()),
+		"dfkv_rdma_v2_get_zero_copy_total":        float64(m.ZeroCopyGets.Load()),
+		"dfkv_rdma_v1_puts_total":                 float64(m.V1Puts.Load()),
+		"dfkv_rdma_v1_gets_total":                 float64(m.V1Gets.Load()),
+		"dfkv_rdma_mr_pool_ops_total":             float64(m.MRPoolOps.Load()),
+		"dfkv_rdma_mr_adhoc_registrations_total":  float64(m.MRAdhocRegs.Load()),
+		"dfkv_rdma_mr_adhoc_releases_total":       float64(m.MRAdhocReleased.Load()),
+		"dfkv_rdma_mr_adhoc_failures_total":       float64(m.MRAdhocFailures.Load()),
+		"dfkv_rdma_mr_cache_hits_total":           float64(m.MRCacheHits.Load()),
+		"dfkv_rdma_mr_cache_evictions_total":      float64(m.MRCacheEvictions.Load()),
+		"dfkv_rdma_mr_cache_bytes":                float64(m.MRCacheBytes.Load()),
+		"dfkv_rdma_staged_ops_total":              float64(m.StagedOps.Load()),
+		"dfkv_rdma_devices_open":                  float64(m.DevicesOpen.Load()),
+		"dfkv_rdma_pds_open":                      float64(m.PDsOpen.Load()),
+		"dfkv_rdma_mr_pool_registrations_total":   float64(m.MRPoolRegs.Load()),
+		"dfkv_rdma_mr_pool_deregistrations_total": float64(m.MRPoolDeregs.Load()),
+		"dfkv_rdma_mr_pool_bytes":                 float64(m.MRPoolBytes.Load()),
+		"dfkv_rdma_idle_reclaims_total":           float64(m.IdleReclaims.Load()),
+		"dfkv_rdma_pool_full_total":               float64(m.PoolFull.Load()),
 	}
 }
 

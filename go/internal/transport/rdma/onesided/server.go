@@ -70,10 +70,15 @@ func NewServer(cfg Config, engine store.Engine) (*Server, error) {
 	if s.seg == nil {
 		s.seg = newSegment(cfg.SegmentBytes)
 	}
+	// One device and PD serve every connection (QPs and CQs are per connection).
+	s.M.DevicesOpen.Add(1)
+	s.M.PDsOpen.Add(1)
 	if p, ok := store.Find[store.Pinner](engine); ok && len(p.Arena()) > 0 {
-		// Local read access is all a WRITE source needs.
+		// Local read access is all a WRITE source needs. Registered once, not per connection.
 		if mr, err := s.pd.RegMR(p.Arena(), 0); err == nil {
 			s.pinner, s.arenaMR = p, mr
+			s.M.MRPoolRegs.Add(1)
+			s.M.MRPoolBytes.Add(int64(mr.Len()))
 		} else {
 			cfg.Logger.Warn("rdma: RAM tier arena not registered; GETs copy through staging", "err", err)
 		}
@@ -101,6 +106,8 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	s.wg.Wait()
 	if s.arenaMR != nil {
+		s.M.MRPoolBytes.Add(-int64(s.arenaMR.Len()))
+		s.M.MRPoolDeregs.Add(1)
 		s.arenaMR.Close()
 	}
 	s.segMR.Close()
@@ -108,6 +115,8 @@ func (s *Server) Close() error {
 		s.segBuf.Free()
 	}
 	s.pd.Close()
+	s.M.PDsOpen.Add(-1)
+	s.M.DevicesOpen.Add(-1)
 	return s.ctx.Close()
 }
 

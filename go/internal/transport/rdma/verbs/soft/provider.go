@@ -143,6 +143,24 @@ func (p *Provider) Open(name string) (verbs.Context, error) {
 	return nil, fmt.Errorf("soft: open %q: %w", name, verbs.ErrNoDevice)
 }
 
+// Usage counts what is open on one device: contexts, protection domains and memory
+// regions (tests assert sharing and leaks with it).
+type Usage struct {
+	Contexts, PDs, MRs int
+}
+
+// Usage reports what is open on the named device (false when there is no such device).
+func (p *Provider) Usage(name string) (Usage, bool) {
+	for _, d := range p.devs {
+		if d.name == name {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return Usage{Contexts: d.refs, PDs: d.pds, MRs: len(d.mrs)}, true
+		}
+	}
+	return Usage{}, false
+}
+
 // sockName is the abstract unix socket a device with this GID listens on.
 func sockName(g verbs.GID) string { return "@dfkv-soft-" + hex.EncodeToString(g[:]) }
 
@@ -159,6 +177,7 @@ type device struct {
 	nextQPN uint32
 	mrs     map[uint32]*mr
 	qps     map[uint32]*qp
+	pds     int                   // protection domains allocated and not closed
 	inbound map[net.Conn]struct{} // accepted streams not yet bound to a QP
 	done    chan struct{}         // closed when the last context closes
 }
@@ -328,6 +347,9 @@ func (c *devContext) AllocPD() (verbs.PD, error) {
 	if c.closed {
 		return nil, verbs.ErrClosed
 	}
+	c.d.mu.Lock()
+	c.d.pds++
+	c.d.mu.Unlock()
 	return &pd{ctx: c}, nil
 }
 
@@ -356,7 +378,8 @@ func (c *devContext) Close() error {
 }
 
 type pd struct {
-	ctx *devContext
+	ctx    *devContext
+	closed sync.Once
 }
 
 func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
@@ -413,7 +436,15 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 	return q, nil
 }
 
-func (p *pd) Close() error { return nil }
+func (p *pd) Close() error {
+	p.closed.Do(func() {
+		d := p.ctx.d
+		d.mu.Lock()
+		d.pds--
+		d.mu.Unlock()
+	})
+	return nil
+}
 
 type mr struct {
 	pd     *pd
