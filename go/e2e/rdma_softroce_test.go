@@ -15,7 +15,7 @@ import (
 // rdma tool, the test creates a Soft-RoCE link on the default-route interface (removed at the
 // end; DFKV_SOFTROCE=0 forbids it). Where neither works it skips, saying exactly why (on the
 // machines this was written on: no RDMA in the kernel, "Failed to open NETLINK_RDMA socket").
-// The Go suite has no skip allow-list; docs/RDMA.md §5 lists this skip and its reason.
+// The Go suite has no skip allow-list; docs/RDMA.md §6 lists this skip and its reason.
 func TestRDMASuiteOverIbverbs(t *testing.T) {
 	dev, why := ibverbsDevice()
 	if dev == "" {

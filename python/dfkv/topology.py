@@ -66,12 +66,39 @@ class MdsError(Exception):
     """The MDS could not be asked, or answered with a status other than Ok."""
 
 
+# schema/topology.fbs RailHealth (the server's verdict on a rail).
+HEALTH_UNKNOWN, HEALTH_HEALTHY, HEALTH_DOWN, HEALTH_QUARANTINED = 0, 1, 2, 3
+_HEALTH_NAMES = {HEALTH_HEALTHY: "healthy", HEALTH_DOWN: "down", HEALTH_QUARANTINED: "quarantined"}
+
+
 @dataclass(frozen=True)
 class Rail:
     device: str
     port_state: int  # IB port state (4 = ACTIVE)
     phys_state: int  # IB physical state (5 = LinkUp)
     query_ok: bool
+    port: int = 0  # 1-based port number (0 = unknown)
+    numa_node: int = -1  # -1 = unknown
+    tier: int = 0  # selection tier (0 = preferred)
+    generation: int = 0  # bumps whenever the published health changes
+    health: int = HEALTH_UNKNOWN
+
+    @property
+    def state(self) -> str:
+        """One word, as go/internal/wire Rail.State: healthy, down, quarantined; for a writer
+        that predates ``health``: up, down or unqueried from the port."""
+        if self.health == HEALTH_UNKNOWN:
+            if not self.query_ok:
+                return "unqueried"
+            return "up" if self.port_state == 4 else "down"
+        return _HEALTH_NAMES.get(self.health, f"unknown(RailHealth({self.health}))")
+
+    @property
+    def usable(self) -> bool:
+        """Whether peers may use the rail (as go/internal/wire Rail.Usable)."""
+        if self.health == HEALTH_UNKNOWN:
+            return self.query_ok and self.port_state == 4
+        return self.health == HEALTH_HEALTHY
 
 
 @dataclass(frozen=True)
@@ -106,8 +133,9 @@ class Topology:
             "members": [{
                 "id": m.id, "address": m.address, "weight": m.weight, "eligible": m.eligible,
                 "share": shares.get(m.id, 0.0), "version": m.version, "config": dict(m.config),
-                "rails": [{"device": r.device, "port_state": r.port_state, "phys_state": r.phys_state,
-                           "query_ok": r.query_ok} for r in m.rails],
+                "rails": [{"device": r.device, "port": r.port, "port_state": r.port_state,
+                           "phys_state": r.phys_state, "query_ok": r.query_ok, "numa_node": r.numa_node,
+                           "tier": r.tier, "generation": r.generation, "state": r.state} for r in m.rails],
             } for m in self.members],
         }
 
@@ -124,7 +152,7 @@ _TABLES: Dict[str, Dict[int, object]] = {
     "Member": {4: "str", 6: "str", 8: 4, 10: 1, 12: "str", 14: ("vec", "KeyValue", MAX_KVS),
                16: ("vec", "Rail", MAX_RAILS)},
     "KeyValue": {4: "str", 6: "str"},
-    "Rail": {4: "str", 6: 1, 8: 1, 10: 1},
+    "Rail": {4: "str", 6: 1, 8: 1, 10: 1, 12: 1, 14: 2, 16: 1, 18: 4, 20: 1},
 }
 
 _U16, _U32, _I32 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<i")
@@ -212,7 +240,8 @@ def _member(m: "_topo.Member") -> Member:
     rails = []
     for i in range(m.RailsLength()):
         r = m.Rails(i)
-        rails.append(Rail(_str(r.Device(), "rail device", MAX_STRING_LEN), r.PortState(), r.PhysState(), bool(r.QueryOk())))
+        rails.append(Rail(_str(r.Device(), "rail device", MAX_STRING_LEN), r.PortState(), r.PhysState(),
+                          bool(r.QueryOk()), r.Port(), r.NumaNode(), r.Tier(), r.Generation(), r.Health()))
     return Member(id=_str(m.Id(), "member id", MAX_ID_LEN), address=_str(m.Address(), "address", MAX_STRING_LEN),
                   weight=m.Weight(), eligible=bool(m.Eligible()), version=_str(m.Version(), "version", MAX_STRING_LEN),
                   config=tuple(config), rails=tuple(rails))
@@ -337,7 +366,7 @@ def _render(topo: Topology, group: str) -> str:
              f"topology epoch {j['topology_epoch']})"]
     rows = [("ID", "ADDRESS", "WEIGHT", "SHARE", "ELIGIBLE", "RAILS", "VERSION")]
     for m in j["members"]:
-        rails = ",".join(f"{r['device']}:{r['port_state']}/{r['phys_state']}" for r in m["rails"]) or "-"
+        rails = ",".join(f"{r['device']}:{r['port_state']}/{r['phys_state']}:{r['state']}" for r in m["rails"]) or "-"
         rows.append((m["id"], m["address"], str(m["weight"]), f"{100 * m['share']:.1f}%",
                      str(m["eligible"]).lower(), rails, m["version"]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -49,6 +49,11 @@ def build_member(b: flatbuffers.Builder, m: topology.Member) -> int:
         T.RailAddPortState(b, r.port_state)
         T.RailAddPhysState(b, r.phys_state)
         T.RailAddQueryOk(b, r.query_ok)
+        T.RailAddPort(b, r.port)
+        T.RailAddNumaNode(b, r.numa_node)
+        T.RailAddTier(b, r.tier)
+        T.RailAddGeneration(b, r.generation)
+        T.RailAddHealth(b, r.health)
         rails.append(T.RailEnd(b))
 
     def vec(start, items):
@@ -99,7 +104,8 @@ def response_bytes(t: topology.Topology, status: int = 0, error: str = "") -> by
 SAMPLE = topology.Topology(
     members_epoch=0x0123456789ABCDEF, topology_epoch=0xFEDCBA9876543210, members=(
         topology.Member("n1", "10.0.0.1:7000", 1, True, "0.2.0", (("engine", "slab"), ("ram", "1GiB")),
-                        (topology.Rail("mlx5_0", 4, 5, True), topology.Rail("mlx5_1", 1, 3, False))),
+                        (topology.Rail("mlx5_0", 4, 5, True), topology.Rail("mlx5_1", 1, 3, False),
+                         topology.Rail("mlx5_2", 4, 5, True, 2, 1, 1, 7, topology.HEALTH_QUARANTINED))),
         topology.Member("n2", "10.0.0.2:7000", 3, True, "0.2.0", (), ()),
         topology.Member("drain", "10.0.0.3:7000", 2, False, "", (("note", "ünïcode"),), ()),
     ))
@@ -124,7 +130,28 @@ def test_ring_and_json_shape():
     shares = {m["id"]: m["share"] for m in j["members"]}
     assert shares["drain"] == 0.0 and shares["n1"] + shares["n2"] == pytest.approx(1.0)
     assert 0.15 < shares["n1"] < 0.35  # weight 1 of 4, within the ring's spread
-    assert j["members"][0]["rails"][1] == {"device": "mlx5_1", "port_state": 1, "phys_state": 3, "query_ok": False}
+    assert j["members"][0]["rails"][1] == {"device": "mlx5_1", "port": 0, "port_state": 1, "phys_state": 3,
+                                           "query_ok": False, "numa_node": -1, "tier": 0, "generation": 0,
+                                           "state": "unqueried"}
+    assert j["members"][0]["rails"][2] == {"device": "mlx5_2", "port": 2, "port_state": 4, "phys_state": 5,
+                                           "query_ok": True, "numa_node": 1, "tier": 1, "generation": 7,
+                                           "state": "quarantined"}
+    assert j["members"][0]["rails"][0]["state"] == "up"
+
+
+def test_rail_state_and_usable():
+    R = topology.Rail
+    cases = [
+        (R("d", 4, 5, True), "up", True),
+        (R("d", 1, 3, True), "down", False),
+        (R("d", 4, 5, False), "unqueried", False),
+        (R("d", 4, 5, True, health=topology.HEALTH_HEALTHY), "healthy", True),
+        (R("d", 4, 5, True, health=topology.HEALTH_QUARANTINED), "quarantined", False),
+        (R("d", 1, 3, True, health=topology.HEALTH_DOWN), "down", False),
+        (R("d", 4, 5, True, health=9), "unknown(RailHealth(9))", False),
+    ]
+    for rail, state, usable in cases:
+        assert (rail.state, rail.usable) == (state, usable), rail
 
 
 def test_wrong_magic_and_status_are_errors():
@@ -193,9 +220,11 @@ def test_absurd_counts_fail_fast():
 
 def test_verifier_slots_follow_the_schema():
     # _TABLES (what the verifier checks) agrees with schema/*.fbs: field i is slot 4 + 2i.
-    sizes = {"ubyte": 1, "bool": 1, "uint": 4, "ulong": 8}
+    sizes = {"ubyte": 1, "bool": 1, "short": 2, "uint": 4, "ulong": 8}
     fields = {}
     for f in (REPO / "schema").glob("*.fbs"):
+        for name, base in re.findall(r"^enum (\w+)\s*:\s*(\w+)", f.read_text(), flags=re.M):
+            sizes[name] = sizes[base]
         for name, body in re.findall(r"table (\w+) \{(.*?)\}", f.read_text(), flags=re.S):
             decls = re.findall(r"^\s*(\w+)\s*:\s*([\w\[\]]+)", body, flags=re.M)
             fields[name] = {4 + 2 * i: t for i, (_, t) in enumerate(decls)}
@@ -234,7 +263,8 @@ def register(mds: str, group: str, m: topology.Member) -> None:
 
 
 RAILED = topology.Member("py-rails", "127.0.0.1:1", 3, True, "test", (("engine", "none"), ("transport", "rdma")),
-                         (topology.Rail("mlx5_0", 4, 5, True), topology.Rail("mlx5_1", 1, 3, False)))
+                         (topology.Rail("mlx5_0", 4, 5, True), topology.Rail("mlx5_1", 1, 3, False),
+                          topology.Rail("mlx5_2", 1, 3, True, 1, 0, 1, 3, topology.HEALTH_DOWN)))
 DRAINED = topology.Member("py-drained", "127.0.0.1:2", 2, False, "test", (), ())
 
 
@@ -252,11 +282,10 @@ def cluster(tmp_path_factory):
 
 
 def ctl_view(mds: str) -> dict:
-    """dfkvctl's JSON in dfkv.topology's shape (its rails are Go field names)."""
+    """dfkvctl's JSON (the same shape as dfkv.topology's, rails included)."""
     j = ctl_json("ring", "--mds", mds, "--group", "py")
     for m in j["members"]:
-        m["rails"] = [{"device": r["Device"], "port_state": r["PortState"], "phys_state": r["PhysState"],
-                       "query_ok": r["QueryOK"]} for r in m.get("rails", [])]
+        m.setdefault("rails", [])
     return j
 
 
@@ -300,7 +329,7 @@ def test_cli_json_equals_dfkvctl(cluster):
     out = subprocess.run([sys.executable, "-m", "dfkv.topology", "--mds", cluster, "--group", "py"],
                          cwd=PYTHON_DIR, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("group py: 3 members") and "mlx5_0:4/5,mlx5_1:1/3" in out.stdout
+    assert out.stdout.startswith("group py: 3 members") and "mlx5_0:4/5:up,mlx5_1:1/3:unqueried,mlx5_2:1/3:down" in out.stdout
 
 
 def test_empty_group_and_failover(cluster):

@@ -146,7 +146,29 @@ type memberRow struct {
 	Share    float64           `json:"share"`
 	Version  string            `json:"version"`
 	Config   map[string]string `json:"config"`
-	Rails    []wire.Rail       `json:"rails,omitempty"`
+	Rails    []railRow         `json:"rails,omitempty"`
+}
+
+// railRow is one rail as dfkvctl prints it (the shape python/dfkv/topology.py's to_json has).
+type railRow struct {
+	Device     string `json:"device"`
+	Port       uint8  `json:"port"`
+	PortState  uint8  `json:"port_state"`
+	PhysState  uint8  `json:"phys_state"`
+	QueryOK    bool   `json:"query_ok"`
+	NUMANode   int16  `json:"numa_node"`
+	Tier       uint8  `json:"tier"`
+	Generation uint32 `json:"generation"`
+	State      string `json:"state"` // healthy, down, quarantined (or up/down/unqueried from older writers)
+}
+
+func railRows(rs []wire.Rail) []railRow {
+	var out []railRow
+	for _, r := range rs {
+		out = append(out, railRow{Device: r.Device, Port: r.Port, PortState: r.PortState, PhysState: r.PhysState,
+			QueryOK: r.QueryOK, NUMANode: r.NUMANode, Tier: r.Tier, Generation: r.Generation, State: r.State()})
+	}
+	return out
 }
 
 type ringOut struct {
@@ -182,7 +204,7 @@ func ringView(group string, t *wire.Topology) *ringOut {
 	}
 	for _, m := range t.Members {
 		out.Members = append(out.Members, memberRow{ID: m.ID, Address: m.Addr, Weight: m.Weight, Eligible: m.Eligible,
-			Share: shares[m.ID], Version: m.Version, Config: kvMap(m.Config), Rails: m.Rails})
+			Share: shares[m.ID], Version: m.Version, Config: kvMap(m.Config), Rails: railRows(m.Rails)})
 	}
 	return out
 }
@@ -202,9 +224,17 @@ func configString(m map[string]string) string {
 
 func (r *ringOut) render(w io.Writer) {
 	fmt.Fprintf(w, "group %s: %d members (members epoch %s, topology epoch %s)\n", r.Group, len(r.Members), r.MembersEpoch, r.TopologyEpoch)
-	fmt.Fprintln(w, "ID\tADDRESS\tWEIGHT\tSHARE\tELIGIBLE\tVERSION\tCONFIG")
+	fmt.Fprintln(w, "ID\tADDRESS\tWEIGHT\tSHARE\tELIGIBLE\tRAILS\tVERSION\tCONFIG")
 	for _, m := range r.Members {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%.1f%%\t%v\t%s\t%s\n", m.ID, m.Address, m.Weight, 100*m.Share, m.Eligible, m.Version, configString(m.Config))
+		rails := make([]string, 0, len(m.Rails))
+		for _, rl := range m.Rails {
+			rails = append(rails, fmt.Sprintf("%s:t%d:%s", rl.Device, rl.Tier, rl.State))
+		}
+		rs := strings.Join(rails, ",")
+		if rs == "" {
+			rs = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%.1f%%\t%v\t%s\t%s\t%s\n", m.ID, m.Address, m.Weight, 100*m.Share, m.Eligible, rs, m.Version, configString(m.Config))
 	}
 }
 

@@ -91,6 +91,9 @@ func parse(args []string) (*options, error) {
 	if err := o.mds.validate(); err != nil {
 		return nil, err
 	}
+	if err := o.rdma.validate(); err != nil {
+		return nil, err
+	}
 	if o.accessLogSample < 1 {
 		return nil, fmt.Errorf("--access-log-sample %d: want at least 1 (log 1 in N requests)", o.accessLogSample)
 	}
@@ -155,7 +158,7 @@ func serve(o *options, log *slog.Logger) error {
 
 	reg := cli.NewRegistry("dfkv_server_build_info", "Build and configuration of this node.", "engine", o.engine)
 	m := server.NewMetrics(reg, engine)
-	rdmaSrv, err := setupRDMA(o.rdma, engine, limits.MaxValue, reg, log)
+	rdmaSrv, railMon, err := setupRDMA(o.rdma, engine, limits.MaxValue, reg, log)
 	if err != nil {
 		closeEngine()
 		return err
@@ -229,10 +232,24 @@ func serve(o *options, log *slog.Logger) error {
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	if err := nodeReg.start(&o.mds, addr, log); err != nil {
+	var railList []wire.Rail
+	if railMon != nil {
+		railList = railMon.Rails()
+	}
+	if err := nodeReg.start(&o.mds, addr, railList, log); err != nil {
 		log.Error("mds registration", "err", err)
 	}
+	if railMon != nil {
+		// A rail whose health moves re-publishes the member: topology_epoch moves.
+		railMon.Start(func(rs []wire.Rail) {
+			nodeReg.updateRails(rs)
+			serveRecoveredRails(rdmaSrv, rs, log)
+		})
+	}
 	serveErr := cli.WaitForStop(log, map[string]<-chan error{"listener": errc})
+	if railMon != nil {
+		railMon.Stop()
+	}
 	nodeReg.stop(log) // leave the ring first, so clients stop routing here
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

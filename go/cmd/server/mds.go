@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/mdsclient"
@@ -102,11 +103,14 @@ func (f *mdsFlags) flagValue(name string) string {
 // nodeRegistration is the node's MDS lease holder; the zero value (no --mds) is always ready.
 type nodeRegistration struct {
 	h *mdsclient.Holder
+
+	mu     sync.Mutex
+	member wire.Member // the registered record; rails replaced by updateRails
 }
 
 // start registers the node (in the background: a missing MDS delays readiness, not
 // startup). bound is the listener's address, used for an --advertise port of 0.
-func (r *nodeRegistration) start(f *mdsFlags, bound string, log *slog.Logger) error {
+func (r *nodeRegistration) start(f *mdsFlags, bound string, rails []wire.Rail, log *slog.Logger) error {
 	if f.endpoints == "" {
 		return nil
 	}
@@ -134,7 +138,10 @@ func (r *nodeRegistration) start(f *mdsFlags, bound string, log *slog.Logger) er
 	} else {
 		cfg = append(cfg, wire.KV{Key: "ram_tier", Value: "off"})
 	}
-	member := &wire.Member{ID: f.id, Addr: addr, Weight: uint32(f.weight), Eligible: true, Version: version.Version, Config: cfg}
+	member := &wire.Member{ID: f.id, Addr: addr, Weight: uint32(f.weight), Eligible: true, Version: version.Version, Config: cfg, Rails: rails}
+	r.mu.Lock()
+	r.member = *member
+	r.mu.Unlock()
 	ropts, err := f.rpcOptions()
 	if err != nil {
 		return err
@@ -151,6 +158,18 @@ func (r *nodeRegistration) start(f *mdsFlags, bound string, log *slog.Logger) er
 	h.Start()
 	log.Info("registering with mds", "mds", strings.Join(eps, ","), "group", f.group, "id", f.id, "advertise", addr, "weight", f.weight)
 	return nil
+}
+
+// updateRails re-publishes the member with the rails' new state (no-op without --mds).
+func (r *nodeRegistration) updateRails(rails []wire.Rail) {
+	if r.h == nil {
+		return
+	}
+	r.mu.Lock()
+	r.member.Rails = rails
+	m := r.member
+	r.mu.Unlock()
+	_ = r.h.UpdateMember(&m) // same id: cannot fail
 }
 
 // ready is part of /readyz: nil once the first registration succeeded.

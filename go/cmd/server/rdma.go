@@ -1,11 +1,13 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -13,17 +15,23 @@ import (
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/rails"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/ibverbs"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
+	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 type rdmaOptions struct {
-	enable         bool
-	provider, devs string
-	serverProtocol int
-	segment        cli.Size
-	depth          int
+	enable          bool
+	provider, devs  string
+	primary, tiers  string
+	serverProtocol  int
+	segment         cli.Size
+	depth           int
+	healthInterval  time.Duration
+	recoverySamples int
 }
 
 func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
@@ -34,68 +42,230 @@ func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
 	fs.IntVar(&o.serverProtocol, "rdma-server-protocol", 0, "1 answers every client with v1 (rollout and rollback); 0 = auto")
 	fs.Var(&o.segment, "rdma-segment", "registered receive segment shared by all RDMA connections (bytes)")
 	fs.IntVar(&o.depth, "rdma-depth", 16, "requests in flight per RDMA connection")
+	fs.StringVar(&o.primary, "rdma-primary-dev", "", "preferred rail: served first when it has an ACTIVE port (must be in --rdma-dev when that is set)")
+	fs.StringVar(&o.tiers, "rdma-tiers", "", "selection tiers over --rdma-dev, leftmost preferred: mlx5_0,mlx5_1;mlx5_2 (published in HLT1)")
+	fs.DurationVar(&o.healthInterval, "rdma-health-interval", 2*time.Second, "how often the rails are re-queried (port and link state)")
+	fs.IntVar(&o.recoverySamples, "rdma-health-recovery-samples", 3, "consecutive healthy samples a rail that was down needs before it is healthy again")
 }
 
-func rdmaProvider(name string) (verbs.Provider, error) {
+// validate refuses rail flags that cannot work, before anything opens (setupRDMA checks
+// the devices themselves against the provider).
+func (o *rdmaOptions) validate() error {
+	devs, err := rails.ParseList(o.devs)
+	if err != nil {
+		return fmt.Errorf("--rdma-dev: %w", err)
+	}
+	if _, err := rails.Plan(devs, o.tiers, o.primary); err != nil {
+		return err
+	}
+	if o.serverProtocol != 0 && o.serverProtocol != 1 {
+		return fmt.Errorf("--rdma-server-protocol %d: want 0 (auto) or 1", o.serverProtocol)
+	}
+	if o.healthInterval <= 0 || o.recoverySamples < 1 {
+		return fmt.Errorf("--rdma-health-interval %v / --rdma-health-recovery-samples %d: want > 0 and >= 1", o.healthInterval, o.recoverySamples)
+	}
+	return nil
+}
+
+// rdmaProvider builds the provider. The soft provider creates as many devices as
+// DFKV_SOFT_RDMA_DEVICES says, and at least enough for every softN the list names.
+func rdmaProvider(name string, devs []string) (verbs.Provider, error) {
 	switch name {
 	case "ibverbs":
 		return ibverbs.New(ibverbs.Options{}), nil
 	case "soft":
-		return soft.New(soft.Options{})
+		n := 0
+		for _, d := range devs {
+			if i, err := strconv.Atoi(strings.TrimPrefix(d, "soft")); err == nil && strings.HasPrefix(d, "soft") && i >= 0 && i < soft.MaxDevices {
+				n = max(n, i+1)
+			}
+		}
+		if env := os.Getenv(soft.DevicesEnv); env != "" && n > 0 {
+			if e, err := strconv.Atoi(env); err == nil && e > n {
+				n = e
+			}
+		}
+		return soft.New(soft.Options{Devices: n})
 	}
 	return nil, fmt.Errorf("--rdma-provider %q: want ibverbs or soft", name)
 }
 
-// setupRDMA returns the RDMA server, or nil when RDMA is off or not usable here (said in
-// one log line; TCP serves). An explicit --rdma-dev list that cannot be satisfied is an
-// error: the node refuses to start rather than silently serve TCP only.
-func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg prometheus.Registerer, log *slog.Logger) (*onesided.Server, error) {
-	var devs []string
-	for _, d := range strings.Split(o.devs, ",") {
-		if d = strings.TrimSpace(d); d != "" {
-			devs = append(devs, d)
+// checkListed refuses an explicit --rdma-dev list naming a device the provider does not
+// have: startup never shrinks the configured rails (a present device whose port is down is
+// accepted, published Down and monitored).
+func checkListed(p verbs.Provider, devs []string) error {
+	have, err := p.Devices()
+	if err != nil {
+		return fmt.Errorf("rdma: --rdma-dev %s: %w", strings.Join(devs, ","), err)
+	}
+	names := map[string]bool{}
+	var all []string
+	for _, d := range have {
+		names[d.Name] = true
+		all = append(all, d.Name)
+	}
+	for _, d := range devs {
+		if !names[d] {
+			return fmt.Errorf("rdma: --rdma-dev %s: no device %q (provider %s has %s)", strings.Join(devs, ","), d, p.Name(), strings.Join(all, ","))
 		}
 	}
+	return nil
+}
+
+// setupRDMA returns the RDMA server and its rail monitor, or nils when RDMA is off or not
+// usable here (said in one log line; TCP serves). An explicit --rdma-dev list that cannot be
+// satisfied, or a bad --rdma-tiers / --rdma-primary-dev, is an error: the node refuses to
+// start rather than silently serve TCP only.
+func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg prometheus.Registerer, log *slog.Logger) (rdmaServing, *rails.Monitor, error) {
+	devs, err := rails.ParseList(o.devs)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--rdma-dev: %w", err)
+	}
 	if !o.enable && len(devs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if o.serverProtocol != 0 && o.serverProtocol != 1 {
-		return nil, fmt.Errorf("--rdma-server-protocol %d: want 0 (auto) or 1", o.serverProtocol)
+		return nil, nil, fmt.Errorf("--rdma-server-protocol %d: want 0 (auto) or 1", o.serverProtocol)
 	}
-	p, err := rdmaProvider(o.provider)
+	specs, err := rails.Plan(devs, o.tiers, o.primary)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if o.healthInterval <= 0 || o.recoverySamples < 1 {
+		return nil, nil, fmt.Errorf("--rdma-health-interval %v / --rdma-health-recovery-samples %d: want > 0 and >= 1", o.healthInterval, o.recoverySamples)
+	}
+	p, err := rdmaProvider(o.provider, append(devs, o.primary))
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(devs) > 0 {
+		if err := checkListed(p, devs); err != nil {
+			return nil, nil, err
+		}
 	}
 	cfg := onesided.Config{Provider: p, MaxBlock: maxValue, Depth: uint32(max(o.depth, 1)),
 		SegmentBytes: uint64(o.segment), ForceV1: o.serverProtocol == 1, Logger: log}
-	var s *onesided.Server
-	if len(devs) == 0 {
-		s, err = onesided.NewServer(cfg, engine)
-	} else {
-		var errs []error
-		for _, d := range devs {
-			cfg.Device = d
-			if s, err = onesided.NewServer(cfg, engine); err == nil {
-				break
-			}
-			errs = append(errs, err)
+	var srv rdmaServing
+	var rs *onesided.RailServer
+	primary := strings.TrimSpace(o.primary)
+	switch {
+	case len(devs) > 0:
+		// Every listed rail with an ACTIVE port serves (primary first, then by tier); a
+		// connection lands on the rail its offer names while that rail is healthy.
+		var skipped map[string]error
+		rs, skipped, err = onesided.NewRailServer(cfg, engine, rails.ServeOrder(specs, primary))
+		if err != nil {
+			return nil, nil, fmt.Errorf("rdma: --rdma-dev %s: %w", o.devs, err)
 		}
-		if s == nil {
-			return nil, fmt.Errorf("rdma: --rdma-dev %s: %w", o.devs, errors.Join(errs...))
+		for d, why := range skipped {
+			log.Warn("rdma rail not served yet (published and monitored; served once it is healthy)", "rail", d, "reason", why.Error())
 		}
+		srv = rs
+	case primary != "":
+		cfg.Device = primary
+		s, err := onesided.NewServer(cfg, engine)
+		if err != nil {
+			log.Warn("rdma: --rdma-primary-dev cannot serve; using the first ACTIVE device", "device", primary, "err", err)
+			cfg.Device = ""
+			s, err = onesided.NewServer(cfg, engine)
+		}
+		if err != nil {
+			log.Warn("rdma not in use; serving TCP only", "provider", o.provider, "reason", err.Error())
+			return nil, nil, nil
+		}
+		srv = s
+	default:
+		s, err := onesided.NewServer(cfg, engine)
+		if err != nil {
+			log.Warn("rdma not in use; serving TCP only", "provider", o.provider, "reason", err.Error())
+			return nil, nil, nil
+		}
+		srv = s
 	}
+	if len(specs) == 0 {
+		specs = []rails.Spec{{Device: srv.Device()}} // discovered: the one device it serves on
+	}
+	mon, err := rails.NewMonitor(rails.Config{Provider: p, Rails: specs, RecoverySamples: o.recoverySamples,
+		Interval: o.healthInterval, Logger: log})
 	if err != nil {
-		log.Warn("rdma not in use; serving TCP only", "provider", o.provider, "reason", err.Error())
-		return nil, nil
+		srv.Close()
+		return nil, nil, err
 	}
-	log.Info("rdma serving", "provider", o.provider, "device", cfg.Device, "segment", int64(o.segment), "force_v1", cfg.ForceV1)
+	var served []string
+	if rs != nil {
+		rs.SetHealth(mon.Healthy)
+		served = rs.Devices()
+	} else {
+		served = []string{srv.Device()}
+	}
+	var published []string
+	for _, r := range mon.Rails() {
+		published = append(published, fmt.Sprintf("%s(tier %d, %s)", r.Device, r.Tier, r.State()))
+	}
+	log.Info("rdma serving", "provider", o.provider, "served", strings.Join(served, ","), "rails", strings.Join(published, ","),
+		"segment", int64(o.segment), "force_v1", cfg.ForceV1)
 	if reg != nil {
-		registerRDMAMetrics(reg, s)
+		registerRDMAMetrics(reg, srv)
+		mon.Register(reg)
+		if rs != nil {
+			reg.MustRegister(&railConnCollector{rs: rs,
+				opened: prometheus.NewDesc("dfkv_rdma_rail_conns_opened_total", "RDMA connections (v1 and v2) served on the rail.", []string{"rail"}, nil),
+				active: prometheus.NewDesc("dfkv_rdma_rail_active_conns", "RDMA connections open on the rail.", []string{"rail"}, nil),
+			})
+		}
 	}
-	return s, nil
+	return srv, mon, nil
 }
 
-func registerRDMAMetrics(reg prometheus.Registerer, s *onesided.Server) {
+// serveRecoveredRails starts serving a listed rail that was down at start once it is
+// published Healthy (a RailServer only; a no-op for rails already served).
+func serveRecoveredRails(srv rdmaServing, published []wire.Rail, log *slog.Logger) {
+	rs, ok := srv.(*onesided.RailServer)
+	if !ok {
+		return
+	}
+	served := map[string]bool{}
+	for _, d := range rs.Devices() {
+		served[d] = true
+	}
+	for _, r := range published {
+		if r.Health != fb.RailHealthHealthy || served[r.Device] {
+			continue
+		}
+		if err := rs.AddRail(r.Device); err != nil {
+			log.Warn("rdma rail healthy again but not served", "rail", r.Device, "err", err)
+		} else {
+			log.Info("rdma rail now served", "rail", r.Device)
+		}
+	}
+}
+
+// rdmaServing is what dfkv_server needs of its RDMA side: a Server (one device) or a
+// RailServer (every listed rail).
+type rdmaServing interface {
+	server.RDMAServer
+	Stats() map[string]float64
+	Device() string
+	Close() error
+}
+
+// railConnCollector exports each rail's connection counts.
+type railConnCollector struct {
+	rs             *onesided.RailServer
+	opened, active *prometheus.Desc
+}
+
+func (c *railConnCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.opened; ch <- c.active }
+
+func (c *railConnCollector) Collect(ch chan<- prometheus.Metric) {
+	for rail, st := range c.rs.RailStats() {
+		ch <- prometheus.MustNewConstMetric(c.opened, prometheus.CounterValue,
+			st["dfkv_rdma_v1_conns_opened_total"]+st["dfkv_rdma_v2_conns_opened_total"], rail)
+		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, st["dfkv_rdma_active_conns"], rail)
+	}
+}
+
+func registerRDMAMetrics(reg prometheus.Registerer, s interface{ Stats() map[string]float64 }) {
 	for name := range s.Stats() {
 		n := name
 		f := func() float64 { return s.Stats()[n] }
@@ -107,4 +277,7 @@ func registerRDMAMetrics(reg prometheus.Registerer, s *onesided.Server) {
 	}
 }
 
-var _ server.RDMAServer = (*onesided.Server)(nil)
+var (
+	_ rdmaServing = (*onesided.Server)(nil)
+	_ rdmaServing = (*onesided.RailServer)(nil)
+)

@@ -256,7 +256,8 @@ func (s *Service) Clients(ctx context.Context, group string) ([]wire.ClientInfo,
 }
 
 // Epochs hashes members (sorted by id) into MembersEpoch (placement content: id, address,
-// weight, eligibility) and TopologyEpoch (placement plus version, config and rails, with
+// weight, eligibility) and TopologyEpoch (placement plus version, config and every field of
+// every rail: port and physical state, query, port, NUMA node, tier, health, generation, with
 // config sorted by key and rails by device name). Neither is ever 0 (0 means "no view").
 func Epochs(members []wire.Member) (membersEpoch, topologyEpoch uint64) {
 	ms := append([]wire.Member(nil), members...)
@@ -299,6 +300,9 @@ func Epochs(members []wire.Member) (membersEpoch, topologyEpoch uint64) {
 			} else {
 				b = append(b, 0)
 			}
+			b = append(b, r.Port, r.Tier, byte(r.Health))
+			b = binary.LittleEndian.AppendUint16(b, uint16(r.NUMANode))
+			b = binary.LittleEndian.AppendUint32(b, r.Generation)
 		}
 		te.Write(b)
 	}

@@ -211,9 +211,25 @@ func TestEpochs(t *testing.T) {
 		{"version", func(m *wire.Member) { m.Version = "x" }, false, true},
 		{"config", func(m *wire.Member) { m.Config = nil }, false, true},
 		{"rail", func(m *wire.Member) { m.Rails = []wire.Rail{{Device: "mlx5_0", PortState: 4}} }, false, true},
+		{"rail port state", func(m *wire.Member) { m.Rails[1].PortState = 1 }, false, true},
+		{"rail query", func(m *wire.Member) { m.Rails[1].QueryOK = false }, false, true},
+		{"rail health", func(m *wire.Member) { m.Rails[1].Health = fb.RailHealthQuarantined }, false, true},
+		{"rail generation", func(m *wire.Member) { m.Rails[1].Generation++ }, false, true},
+		{"rail tier", func(m *wire.Member) { m.Rails[1].Tier = 1 }, false, true},
+		{"rail numa", func(m *wire.Member) { m.Rails[1].NUMANode = 1 }, false, true},
+		{"rail port", func(m *wire.Member) { m.Rails[1].Port = 2 }, false, true},
+		{"rail order", func(m *wire.Member) { m.Rails[0], m.Rails[1] = m.Rails[1], m.Rails[0] }, false, false},
 	}
+	railed := func(m *wire.Member) *wire.Member {
+		m.Rails = []wire.Rail{
+			{Device: "soft0", PortState: 4, PhysState: 5, QueryOK: true, Port: 1, NUMANode: -1, Health: fb.RailHealthHealthy, Generation: 1},
+			{Device: "soft1", PortState: 4, PhysState: 5, QueryOK: true, Port: 1, NUMANode: -1, Health: fb.RailHealthHealthy, Generation: 1},
+		}
+		return m
+	}
+	ma, ta = Epochs([]wire.Member{*member("a", "h:1"), *railed(member("b", "h:2"))})
 	for _, tt := range tests {
-		c := []wire.Member{*member("a", "h:1"), *member("b", "h:2")}
+		c := []wire.Member{*member("a", "h:1"), *railed(member("b", "h:2"))}
 		tt.mut(&c[1])
 		mc, tc := Epochs(c)
 		if (mc != ma) != tt.placement || (tc != ta) != tt.topologyToo {

@@ -380,13 +380,7 @@ func (p *StatusPage) view(ctx context.Context) *statusView {
 				}
 				mv.Config = strings.Join(cfg, " ")
 				for _, r := range m.Rails {
-					st := "up"
-					if !r.QueryOK {
-						st = "unqueried"
-					} else if r.PortState != 4 { // IB_PORT_ACTIVE
-						st = fmt.Sprintf("port state %d", r.PortState)
-					}
-					mv.Rails = append(mv.Rails, r.Device+": "+st)
+					mv.Rails = append(mv.Rails, fmt.Sprintf("%s: %s (tier %d, port state %d)", r.Device, r.State(), r.Tier, r.PortState))
 				}
 				fillNode(&mv, m.Eligible, nodes, &capTotal, &usedTotal, v)
 				gv.Members = append(gv.Members, mv)

@@ -77,6 +77,13 @@ func TestStatusPage(t *testing.T) {
 		if ts != nil {
 			m.Config = append(m.Config, wire.KV{Key: MetricsAddrKey, Value: strings.TrimPrefix(ts.URL, "http://")})
 		}
+		if id == "n1" {
+			m.Rails = []wire.Rail{
+				{Device: "mlx5_0", PortState: 4, PhysState: 5, QueryOK: true, Health: fb.RailHealthHealthy, Generation: 1},
+				{Device: "mlx5_1", PortState: 1, PhysState: 3, QueryOK: true, Tier: 1, Health: fb.RailHealthDown, Generation: 2},
+				{Device: "mlx5_2", PortState: 4, PhysState: 5, QueryOK: true, Tier: 1, Health: fb.RailHealthQuarantined, Generation: 3},
+			}
+		}
 		if r := call(t, svc, wire.MdsRequest{Op: fb.MdsOpRegisterMember, Member: m}); r.Status != fb.StatusOk {
 			t.Fatalf("register %s: %+v", id, r)
 		}
@@ -104,7 +111,8 @@ func TestStatusPage(t *testing.T) {
 		t.Fatal("the status page must work without JavaScript")
 	}
 	r1 := rowOf(t, page, "n1")
-	for _, want := range []string{`data-state="up"`, "127.0.0.1:11", "8.0 MiB", ">3<", "v1"} {
+	for _, want := range []string{`data-state="up"`, "127.0.0.1:11", "8.0 MiB", ">3<", "v1",
+		"rail mlx5_0: healthy (tier 0, port state 4)", "rail mlx5_1: down (tier 1, port state 1)", "rail mlx5_2: quarantined (tier 1, port state 4)"} {
 		if !strings.Contains(r1, want) {
 			t.Fatalf("n1 row lacks %q: %s", want, r1)
 		}

@@ -43,6 +43,10 @@ type Holder struct {
 	first      chan struct{}
 	firstOnce  sync.Once
 	stopOnce   sync.Once
+
+	mu     sync.Mutex   // guards member (UpdateMember replaces it)
+	member *wire.Member // the record heartbeats carry; cfg.Member until updated
+	kick   chan struct{}
 }
 
 // ErrBadHolder: the configuration names neither or both of Member and Info.
@@ -56,7 +60,8 @@ func NewHolder(cfg HolderConfig) (*Holder, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	h := &Holder{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{}), first: make(chan struct{})}
+	h := &Holder{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{}), first: make(chan struct{}),
+		member: cfg.Member, kick: make(chan struct{}, 1)}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	if cfg.Member != nil {
 		h.ops = [3]fb.MdsOp{fb.MdsOpRegisterMember, fb.MdsOpHeartbeatMember, fb.MdsOpDeregisterMember}
@@ -76,7 +81,28 @@ func (h *Holder) Registered() bool { return h.registered.Load() }
 func (h *Holder) FirstRegistered() <-chan struct{} { return h.first }
 
 func (h *Holder) request(op fb.MdsOp) *wire.MdsRequest {
-	return &wire.MdsRequest{Op: op, Group: h.cfg.Group, Member: h.cfg.Member, Client: h.cfg.Info}
+	h.mu.Lock()
+	m := h.member
+	h.mu.Unlock()
+	return &wire.MdsRequest{Op: op, Group: h.cfg.Group, Member: m, Client: h.cfg.Info}
+}
+
+// UpdateMember replaces the member record (same id) and sends it at once: the next
+// heartbeat, run now, rewrites the record under its lease (or registers again when the
+// lease is gone). For a holder of a client registration it is an error.
+func (h *Holder) UpdateMember(m *wire.Member) error {
+	if h.cfg.Member == nil || m == nil || m.ID != h.cfg.Member.ID {
+		return errors.New("mds: UpdateMember needs a member holder and the same member id")
+	}
+	c := *m
+	h.mu.Lock()
+	h.member = &c
+	h.mu.Unlock()
+	select {
+	case h.kick <- struct{}{}:
+	default: // a send is already due
+	}
+	return nil
 }
 
 func (h *Holder) name() string {
@@ -144,6 +170,8 @@ func (h *Holder) loop() {
 			t.Stop()
 			return
 		case <-t.C:
+		case <-h.kick:
+			t.Stop()
 		}
 		if !registered {
 			registered = h.register()

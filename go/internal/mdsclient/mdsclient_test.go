@@ -13,6 +13,7 @@ import (
 	"github.com/dfkv/dfkv/go/internal/mds"
 	"github.com/dfkv/dfkv/go/internal/mdsclient"
 	"github.com/dfkv/dfkv/go/internal/wire"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
 func TestParse(t *testing.T) {
@@ -122,5 +123,61 @@ func TestHolderReRegistersAndDeregisters(t *testing.T) {
 	}
 	if _, err := mdsclient.NewHolder(mdsclient.HolderConfig{Client: rpc}); !errors.Is(err, mdsclient.ErrBadHolder) {
 		t.Fatal(err)
+	}
+}
+
+func TestHolderUpdateMember(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := mds.NewService(mds.Config{Store: mds.NewMemStore(), LeaseTTL: time.Minute, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := mds.NewServer(mds.ServerConfig{Service: svc, Logger: log})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(ln)
+	defer srv.Shutdown(context.Background())
+	rpc, _ := mdsclient.New([]string{ln.Addr().String()}, mdsclient.Options{CallTimeout: time.Second})
+	member := &wire.Member{ID: "n1", Addr: "127.0.0.1:7", Weight: 1, Eligible: true,
+		Rails: []wire.Rail{{Device: "soft0", PortState: 4, QueryOK: true, Health: fb.RailHealthHealthy, Generation: 1}}}
+	// A heartbeat far away: only UpdateMember's immediate send can carry the change.
+	h, err := mdsclient.NewHolder(mdsclient.HolderConfig{Client: rpc, Group: "g", Member: member, Heartbeat: time.Hour, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Start()
+	defer h.Stop(context.Background())
+	select {
+	case <-h.FirstRegistered():
+	case <-time.After(5 * time.Second):
+		t.Fatal("never registered")
+	}
+	topo := func() *wire.Topology {
+		tp, err := svc.Topology(context.Background(), "g")
+		if err != nil || len(tp.Members) != 1 {
+			t.Fatalf("%+v %v", tp, err)
+		}
+		return tp
+	}
+	before := topo()
+	down := *member
+	down.Rails = []wire.Rail{{Device: "soft0", PortState: 1, QueryOK: true, Health: fb.RailHealthDown, Generation: 2}}
+	if err := h.UpdateMember(&down); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for topo().Members[0].Rails[0].Health != fb.RailHealthDown {
+		if time.Now().After(deadline) {
+			t.Fatal("the updated record never reached the MDS")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	after := topo()
+	if after.MembersEpoch != before.MembersEpoch || after.TopologyEpoch == before.TopologyEpoch {
+		t.Fatalf("epochs before %x/%x after %x/%x", before.MembersEpoch, before.TopologyEpoch, after.MembersEpoch, after.TopologyEpoch)
+	}
+	other := down
+	other.ID = "n2"
+	if err := h.UpdateMember(&other); err == nil {
+		t.Fatal("a different member id accepted")
 	}
 }

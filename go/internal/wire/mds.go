@@ -38,6 +38,44 @@ type Rail struct {
 	PortState uint8
 	PhysState uint8
 	QueryOK   bool
+	Port      uint8 // 1-based port number; 0 = unknown
+	NUMANode  int16 // -1 = unknown (the schema default)
+	Tier      uint8 // selection tier (0 = preferred)
+	// Generation bumps whenever the rail's published health changes (per server run).
+	Generation uint32
+	Health     fb.RailHealth // Unknown from writers that predate it
+}
+
+// Usable reports whether peers may use the rail: Healthy, or (for a writer that predates
+// Health) queried with its port ACTIVE.
+func (r Rail) Usable() bool {
+	if r.Health != fb.RailHealthUnknown {
+		return r.Health == fb.RailHealthHealthy
+	}
+	return r.QueryOK && r.PortState == 4 // IB_PORT_ACTIVE
+}
+
+// State is the rail's health in one lower-case word: "healthy", "down", "quarantined", or
+// for a writer that predates Health, "up" / "down" / "unqueried" judged from the port.
+func (r Rail) State() string {
+	switch r.Health {
+	case fb.RailHealthHealthy:
+		return "healthy"
+	case fb.RailHealthDown:
+		return "down"
+	case fb.RailHealthQuarantined:
+		return "quarantined"
+	case fb.RailHealthUnknown:
+		switch {
+		case !r.QueryOK:
+			return "unqueried"
+		case r.PortState == 4:
+			return "up"
+		default:
+			return "down"
+		}
+	}
+	return "unknown(" + r.Health.String() + ")"
 }
 
 // Member is one cache node as registered with the MDS.
@@ -117,6 +155,11 @@ func buildMember(b *flatbuffers.Builder, m *Member) flatbuffers.UOffsetT {
 		fb.RailAddPortState(b, r.PortState)
 		fb.RailAddPhysState(b, r.PhysState)
 		fb.RailAddQueryOk(b, r.QueryOK)
+		fb.RailAddPort(b, r.Port)
+		fb.RailAddNumaNode(b, r.NUMANode)
+		fb.RailAddTier(b, r.Tier)
+		fb.RailAddGeneration(b, r.Generation)
+		fb.RailAddHealth(b, r.Health)
 		rails[i] = fb.RailEnd(b)
 	}
 	rv := vector(b, rails)
@@ -280,7 +323,8 @@ func readMember(t *fb.Member, bufLen int) Member {
 	var r fb.Rail
 	for i := 0; i < n; i++ {
 		if t.Rails(&r, i) {
-			m.Rails = append(m.Rails, Rail{Device: str("rail device", r.Device(), MaxMdsStringLen), PortState: r.PortState(), PhysState: r.PhysState(), QueryOK: r.QueryOk()})
+			m.Rails = append(m.Rails, Rail{Device: str("rail device", r.Device(), MaxMdsStringLen), PortState: r.PortState(), PhysState: r.PhysState(), QueryOK: r.QueryOk(),
+				Port: r.Port(), NUMANode: r.NumaNode(), Tier: r.Tier(), Generation: r.Generation(), Health: r.Health()})
 		}
 	}
 	return m

@@ -6,6 +6,13 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
+class RailHealth(object):
+    Unknown = 0
+    Healthy = 1
+    Down = 2
+    Quarantined = 3
+
+
 class Rail(object):
     __slots__ = ['_tab']
 
@@ -52,8 +59,43 @@ class Rail(object):
             return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
         return False
 
+    # Rail
+    def Port(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, o + self._tab.Pos)
+        return 0
+
+    # Rail
+    def NumaNode(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int16Flags, o + self._tab.Pos)
+        return -1
+
+    # Rail
+    def Tier(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, o + self._tab.Pos)
+        return 0
+
+    # Rail
+    def Generation(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # Rail
+    def Health(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, o + self._tab.Pos)
+        return 0
+
 def RailStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(9)
 
 def RailAddDevice(builder, device):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(device), 0)
@@ -66,6 +108,21 @@ def RailAddPhysState(builder, physState):
 
 def RailAddQueryOk(builder, queryOk):
     builder.PrependBoolSlot(3, queryOk, 0)
+
+def RailAddPort(builder, port):
+    builder.PrependUint8Slot(4, port, 0)
+
+def RailAddNumaNode(builder, numaNode):
+    builder.PrependInt16Slot(5, numaNode, -1)
+
+def RailAddTier(builder, tier):
+    builder.PrependUint8Slot(6, tier, 0)
+
+def RailAddGeneration(builder, generation):
+    builder.PrependUint32Slot(7, generation, 0)
+
+def RailAddHealth(builder, health):
+    builder.PrependUint8Slot(8, health, 0)
 
 def RailEnd(builder):
     return builder.EndObject()

@@ -4,7 +4,38 @@ package fb
 
 import (
 	flatbuffers "github.com/google/flatbuffers/go"
+	"strconv"
 )
+
+type RailHealth byte
+
+const (
+	RailHealthUnknown     RailHealth = 0
+	RailHealthHealthy     RailHealth = 1
+	RailHealthDown        RailHealth = 2
+	RailHealthQuarantined RailHealth = 3
+)
+
+var EnumNamesRailHealth = map[RailHealth]string{
+	RailHealthUnknown:     "Unknown",
+	RailHealthHealthy:     "Healthy",
+	RailHealthDown:        "Down",
+	RailHealthQuarantined: "Quarantined",
+}
+
+var EnumValuesRailHealth = map[string]RailHealth{
+	"Unknown":     RailHealthUnknown,
+	"Healthy":     RailHealthHealthy,
+	"Down":        RailHealthDown,
+	"Quarantined": RailHealthQuarantined,
+}
+
+func (v RailHealth) String() string {
+	if s, ok := EnumNamesRailHealth[v]; ok {
+		return s
+	}
+	return "RailHealth(" + strconv.FormatInt(int64(v), 10) + ")"
+}
 
 type Rail struct {
 	_tab flatbuffers.Table
@@ -85,8 +116,68 @@ func (rcv *Rail) MutateQueryOk(n bool) bool {
 	return rcv._tab.MutateBoolSlot(10, n)
 }
 
+func (rcv *Rail) Port() byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(12))
+	if o != 0 {
+		return rcv._tab.GetByte(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *Rail) MutatePort(n byte) bool {
+	return rcv._tab.MutateByteSlot(12, n)
+}
+
+func (rcv *Rail) NumaNode() int16 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(14))
+	if o != 0 {
+		return rcv._tab.GetInt16(o + rcv._tab.Pos)
+	}
+	return -1
+}
+
+func (rcv *Rail) MutateNumaNode(n int16) bool {
+	return rcv._tab.MutateInt16Slot(14, n)
+}
+
+func (rcv *Rail) Tier() byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(16))
+	if o != 0 {
+		return rcv._tab.GetByte(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *Rail) MutateTier(n byte) bool {
+	return rcv._tab.MutateByteSlot(16, n)
+}
+
+func (rcv *Rail) Generation() uint32 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		return rcv._tab.GetUint32(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *Rail) MutateGeneration(n uint32) bool {
+	return rcv._tab.MutateUint32Slot(18, n)
+}
+
+func (rcv *Rail) Health() RailHealth {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(20))
+	if o != 0 {
+		return RailHealth(rcv._tab.GetByte(o + rcv._tab.Pos))
+	}
+	return 0
+}
+
+func (rcv *Rail) MutateHealth(n RailHealth) bool {
+	return rcv._tab.MutateByteSlot(20, byte(n))
+}
+
 func RailStart(builder *flatbuffers.Builder) {
-	builder.StartObject(4)
+	builder.StartObject(9)
 }
 func RailAddDevice(builder *flatbuffers.Builder, device flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(device), 0)
@@ -99,6 +190,21 @@ func RailAddPhysState(builder *flatbuffers.Builder, physState byte) {
 }
 func RailAddQueryOk(builder *flatbuffers.Builder, queryOk bool) {
 	builder.PrependBoolSlot(3, queryOk, false)
+}
+func RailAddPort(builder *flatbuffers.Builder, port byte) {
+	builder.PrependByteSlot(4, port, 0)
+}
+func RailAddNumaNode(builder *flatbuffers.Builder, numaNode int16) {
+	builder.PrependInt16Slot(5, numaNode, -1)
+}
+func RailAddTier(builder *flatbuffers.Builder, tier byte) {
+	builder.PrependByteSlot(6, tier, 0)
+}
+func RailAddGeneration(builder *flatbuffers.Builder, generation uint32) {
+	builder.PrependUint32Slot(7, generation, 0)
+}
+func RailAddHealth(builder *flatbuffers.Builder, health RailHealth) {
+	builder.PrependByteSlot(8, byte(health), 0)
 }
 func RailEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

@@ -44,6 +44,10 @@ type Config struct {
 	// AdhocMinBytes: unregistered pieces smaller than this are copied through the staging
 	// slot instead of registered (registration costs more than a small copy); 0 = 16 KiB.
 	AdhocMinBytes int
+
+	// shared, set by NewRailServer, is the receive segment every rail's Server registers
+	// on its own PD instead of allocating one.
+	shared *sharedSegment
 }
 
 func (c *Config) defaults() {

@@ -52,18 +52,24 @@ func NewServer(cfg Config, engine store.Engine) (*Server, error) {
 		ctx.Close()
 		return nil, err
 	}
-	if s.segBuf, err = verbs.AllocBuffer(int(cfg.SegmentBytes)); err != nil {
+	if cfg.shared != nil { // one of several rails: the segment is the rail server's
+		s.segBuf, s.seg = cfg.shared.buf, cfg.shared.seg
+	} else if s.segBuf, err = verbs.AllocBuffer(int(cfg.SegmentBytes)); err != nil {
 		s.pd.Close()
 		ctx.Close()
 		return nil, err
 	}
 	if s.segMR, err = s.pd.RegMR(s.segBuf.Bytes(), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
-		s.segBuf.Free()
+		if cfg.shared == nil {
+			s.segBuf.Free()
+		}
 		s.pd.Close()
 		ctx.Close()
 		return nil, fmt.Errorf("onesided: register receive segment of %d bytes: %w", cfg.SegmentBytes, err)
 	}
-	s.seg = newSegment(cfg.SegmentBytes)
+	if s.seg == nil {
+		s.seg = newSegment(cfg.SegmentBytes)
+	}
 	// One device and PD serve every connection (QPs and CQs are per connection).
 	s.M.DevicesOpen.Add(1)
 	s.M.PDsOpen.Add(1)
@@ -105,7 +111,9 @@ func (s *Server) Close() error {
 		s.arenaMR.Close()
 	}
 	s.segMR.Close()
-	s.segBuf.Free()
+	if s.cfg.shared == nil {
+		s.segBuf.Free()
+	}
 	s.pd.Close()
 	s.M.PDsOpen.Add(-1)
 	s.M.DevicesOpen.Add(-1)
@@ -130,11 +138,16 @@ func (s *Server) Serve(ctx context.Context, boot net.Conn) error {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	cfg := s.cfg
-	kind, body, err := readFrame(boot, cfg.IOTimeout)
+	kind, body, err := readFrame(boot, s.cfg.IOTimeout)
 	if err != nil {
 		return fmt.Errorf("onesided: read offer: %w", err)
 	}
+	return s.serveTail(ctx, boot, kind, body)
+}
+
+// serveTail is Serve past reading the first bootstrap frame. The caller holds s.wg.
+func (s *Server) serveTail(ctx context.Context, boot net.Conn, kind byte, body []byte) error {
+	cfg := s.cfg
 	if kind != frameTail {
 		return s.refuse(boot, fmt.Errorf("onesided: expected a tail, got frame %d", kind))
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"time"
 	"unsafe"
@@ -18,8 +19,12 @@ import (
 
 // Options configures a soft provider.
 type Options struct {
-	// Devices is how many devices (soft0, soft1, ...) the process has; default 1.
+	// Devices is how many devices (soft0, soft1, ...) the process has (1..MaxDevices);
+	// 0 = DFKV_SOFT_RDMA_DEVICES, else 1.
 	Devices int
+	// FaultFile is the test-only fault injection file (ParseFaults); "" =
+	// DFKV_SOFT_RDMA_FAULTS, else none.
+	FaultFile string
 	// AckTimeout bounds how long a requester waits for its peer's next response, and how
 	// long a responder waits for a QP that is not yet RTR (hardware: the transport retry
 	// timer times retry count). Default 10 s.
@@ -47,14 +52,25 @@ const (
 
 // Provider is the soft provider. The zero value is not usable; call New.
 type Provider struct {
-	opt  Options
-	devs []*device
+	opt    Options
+	devs   []*device
+	faults *faultFile // nil without a fault file
 }
 
 // New creates a soft provider with its devices (nothing listens until a device is opened).
 func New(opt Options) (*Provider, error) {
 	if opt.Devices <= 0 {
-		opt.Devices = 1
+		n, err := devicesFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		opt.Devices = max(n, 1)
+	}
+	if opt.Devices > MaxDevices {
+		return nil, fmt.Errorf("soft: %d devices (max %d)", opt.Devices, MaxDevices)
+	}
+	if opt.FaultFile == "" {
+		opt.FaultFile = os.Getenv(FaultsEnv)
 	}
 	if opt.AckTimeout <= 0 {
 		opt.AckTimeout = 10 * time.Second
@@ -69,6 +85,9 @@ func New(opt Options) (*Provider, error) {
 		opt.Logger = slog.Default()
 	}
 	p := &Provider{opt: opt}
+	if opt.FaultFile != "" {
+		p.faults = &faultFile{path: opt.FaultFile, p: p}
+	}
 	for i := range opt.Devices {
 		var gid verbs.GID
 		gid[0], gid[1] = 0xfe, 0x80 // link-local prefix, as RoCE's default GID
@@ -100,7 +119,13 @@ func (p *Provider) Name() string { return "soft" }
 func (p *Provider) Devices() ([]verbs.DeviceInfo, error) {
 	out := make([]verbs.DeviceInfo, 0, len(p.devs))
 	for _, d := range p.devs {
+		if p.faults.get(d.name).QueryFail {
+			continue // the injected fault: this device's query failed
+		}
 		out = append(out, d.info())
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("soft: every device's query failed (fault file): %w", verbs.ErrNoDevice)
 	}
 	return out, nil
 }
@@ -157,12 +182,19 @@ type device struct {
 	done    chan struct{}         // closed when the last context closes
 }
 
+// fault is the device's injected state (zero without a fault file).
+func (d *device) fault() Fault { return d.p.faults.get(d.name) }
+
 func (d *device) info() verbs.DeviceInfo {
+	state, phys := verbs.PortActive, verbs.PhysLinkUp
+	if d.fault().PortDown {
+		state, phys = verbs.PortDown, verbs.PhysDisabled
+	}
 	return verbs.DeviceInfo{
 		Name:     d.name,
 		NUMANode: -1,
 		Ports: []verbs.PortInfo{{
-			Num: portNum, State: verbs.PortActive, PhysState: verbs.PhysLinkUp,
+			Num: portNum, State: state, PhysState: phys,
 			GID: d.gid, MTU: portMTU, LinkLayer: "Ethernet",
 		}},
 		MaxQPWR: maxQPWR, MaxSGE: maxSGE, MaxCQE: maxCQE, MaxMRLen: maxMRLen,
@@ -250,6 +282,10 @@ func (d *device) bindInbound(c net.Conn) {
 	h, err := decodeHello(hb[:])
 	if err != nil {
 		fail("bad hello", "err", err)
+		return
+	}
+	if d.fault().PortDown {
+		fail("port down (injected)")
 		return
 	}
 	deadline := time.Now().Add(opt.AckTimeout)

@@ -434,6 +434,16 @@ func (q *qp) sendLoop(stop chan struct{}) {
 		}
 		q.mu.Unlock()
 
+		// Injected faults (test-only fault file): a down port or a planned completion error
+		// fails this WR before it leaves, as a link that stopped answering would.
+		if q.d.fault().PortDown {
+			q.fail(r, verbs.StatusRetryExcErr)
+			return
+		}
+		if st, ok := q.d.p.faults.takeCompErr(q.d.name); ok {
+			q.fail(r, st)
+			return
+		}
 		if conn == nil {
 			c, err := q.dial(stop)
 			if err != nil {
@@ -559,6 +569,13 @@ func (q *qp) ackLoop(c net.Conn, stop chan struct{}) {
 			q.fail(r, verbs.StatusGeneralErr)
 			return
 		}
+		if d := q.d.fault().Delay; d > 0 {
+			select { // injected: a slow completion
+			case <-time.After(d):
+			case <-stop:
+				return
+			}
+		}
 		q.mu.Lock()
 		if q.out != c || len(q.inflight) == 0 || q.inflight[0] != r {
 			q.mu.Unlock()
@@ -642,6 +659,11 @@ func (q *qp) respondLoop(c net.Conn, stop chan struct{}) {
 		if err != nil {
 			opt.Logger.Debug("soft: bad request", "qp", q.num, "err", err)
 			nak(0, verbs.StatusRemInvReqErr)
+			return
+		}
+		if q.d.fault().PortDown {
+			// Injected: this side's link is down. The requester sees its stream end.
+			q.fail(nil, verbs.StatusRetryExcErr)
 			return
 		}
 		q.mu.Lock()
