@@ -126,7 +126,8 @@ func TestRDMAClientRailsSpread(t *testing.T) {
 // the server's soft0 port goes down (published Down), the client moves to soft1.
 func TestRDMAClientRailsTiers(t *testing.T) {
 	r := startRailRig(t, "e2e-crails-b", "--rdma-tiers", "soft0;soft1")
-	c := r.client(t, client.RDMAOptions{Devices: []string{"soft0", "soft1"}, Tiers: [][]string{{"soft0"}, {"soft1"}}})
+	c := r.client(t, client.RDMAOptions{Devices: []string{"soft0", "soft1"}, Tiers: [][]string{{"soft0"}, {"soft1"}},
+		RailQuarantine: 300 * time.Millisecond})
 	putGetRound(t, c, "b", 10, 50000, 10)
 	if a, b := clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft0"), clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft1"); a != 20 || b != 0 {
 		t.Fatalf("tier 0 healthy: soft0 %v ops, soft1 %v (want 20, 0)", a, b)
@@ -158,6 +159,28 @@ func TestRDMAClientRailsTiers(t *testing.T) {
 	}
 	if c.TransportMode() != "rdma" {
 		t.Fatalf("mode %s", c.TransportMode())
+	}
+
+	// The port comes back: once the topology says Healthy again, tier 0 is used again and
+	// tier 1 no more.
+	if err := soft.WriteFaults(r.faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	key, val := []byte("b-back"), rnd(4000, 99)
+	if err := c.Put(context.Background(), key, val); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, len(val))
+	waitFor(t, 15*time.Second, "the client back on soft0", func() bool {
+		if err := c.Get(context.Background(), key, buf); err != nil || !bytes.Equal(buf, val) {
+			t.Fatalf("get while soft0 recovers: %v", err)
+		}
+		return clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft0") > soft0
+	})
+	soft1 := clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft1")
+	putGetRound(t, c, "b3", 4, 50000, 50)
+	if b := clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft1"); b != soft1 {
+		t.Fatalf("soft0 healthy again, yet %v more ops on soft1", b-soft1)
 	}
 }
 
