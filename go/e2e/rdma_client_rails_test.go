@@ -272,6 +272,11 @@ func TestRDMAClientRailsReplay(t *testing.T) {
 	if got := clientRail(t, c2, "dfkv_rdma_client_rail_ops_total", "soft1"); got != 1 {
 		t.Fatalf("soft1 ops %v after the retry, want 1", got)
 	}
+	for _, cl := range []*client.Client{c, c2} {
+		if n := snapMetric(t, cl.Snapshot(), "dfkv_client_peer_cooldowns_total"); n != 0 {
+			t.Fatalf("a rail failure cooled the server (%v) while another rail was healthy", n)
+		}
+	}
 }
 
 // (d) A client whose whitelist names a rail the server does not publish: ErrNoCompatibleRail
