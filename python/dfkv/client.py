@@ -184,6 +184,21 @@ def _pair(keys: Sequence[Any], other: Sequence[Any], what: str) -> int:
     return n
 
 
+
+def _memory_range(p: Pins, what: str, buf_or_ptr: Any, size: Optional[int]) -> "tuple[int, int]":
+    """(address, length) of the range (un)register_memory names: a raw address with a
+    size, or a buffer (read through ``p``) optionally cut to its first ``size`` bytes."""
+    if _is_int(buf_or_ptr):
+        if size is None:
+            raise DfkvError(f"{what}(ptr, size): size is required with a raw address")
+        return int(buf_or_ptr), _check_len("size", size)
+    addr, n = p.read(buf_or_ptr, "memory")
+    if size is not None:
+        if _check_len("size", size) > n:
+            raise DfkvError(f"size {size} exceeds the buffer's {n} bytes")
+        n = size
+    return addr, n
+
 class Client:
     """A dfkv client. See the module docstring for the error model and fork rules.
 
@@ -618,16 +633,8 @@ class Client:
         """
         p = Pins(device_ok=True)
         try:
-            if _is_int(buf_or_ptr):
-                if size is None:
-                    raise DfkvError("register_memory(ptr, size): size is required with a raw address")
-                addr, n = int(buf_or_ptr), _check_len("size", size)
-            else:
-                addr, n = p.read(buf_or_ptr, "memory")
-                if size is not None:
-                    if _check_len("size", size) > n:
-                        raise DfkvError(f"size {size} exceeds the buffer's {n} bytes")
-                    n = size
+            addr, n = _memory_range(p, "register_memory", buf_or_ptr, size)
+            if not _is_int(buf_or_ptr):
                 p.keep(buf_or_ptr)
             h = self._acquire()
             try:
@@ -650,16 +657,7 @@ class Client:
         a second unregister included. After True the memory may be freed or reused."""
         p = Pins(device_ok=True)
         try:
-            if _is_int(buf_or_ptr):
-                if size is None:
-                    raise DfkvError("unregister_memory(ptr, size): size is required with a raw address")
-                addr, n = int(buf_or_ptr), _check_len("size", size)
-            else:
-                addr, n = p.read(buf_or_ptr, "memory")
-                if size is not None:
-                    if _check_len("size", size) > n:
-                        raise DfkvError(f"size {size} exceeds the buffer's {n} bytes")
-                    n = size
+            addr, n = _memory_range(p, "unregister_memory", buf_or_ptr, size)
             h = self._acquire()
             try:
                 ok = self._lib.dfkv_unregister_memory(h, addr, n) == 0

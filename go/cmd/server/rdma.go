@@ -80,12 +80,11 @@ func rdmaProvider(name string, devs []string) (verbs.Provider, error) {
 				n = max(n, i+1)
 			}
 		}
-		if env := os.Getenv(soft.DevicesEnv); env != "" && n > 0 {
-			if e, err := strconv.Atoi(env); err == nil && e > n {
-				n = e
-			}
+		e, err := soft.ParseDevices(os.Getenv(soft.DevicesEnv))
+		if err != nil {
+			return nil, err
 		}
-		return soft.New(soft.Options{Devices: n})
+		return soft.New(soft.Options{Devices: max(n, e), FaultFile: os.Getenv(soft.FaultsEnv)})
 	}
 	return nil, fmt.Errorf("--rdma-provider %q: want ibverbs or soft", name)
 }

@@ -17,8 +17,11 @@ import (
 // that every process of a cross-process test (server, client, test binary) agrees.
 const (
 	// DevicesEnv is how many soft devices (soft0, soft1, …) a process has: 1..MaxDevices.
+	// The binaries read it (see ParseDevices) into Options.Devices; the package reads no
+	// environment.
 	DevicesEnv = "DFKV_SOFT_RDMA_DEVICES"
-	// FaultsEnv names the fault file (see ParseFaults). Test-only: production never sets it.
+	// FaultsEnv names the fault file (see ParseFaults), read by the binaries into
+	// Options.FaultFile. Test-only: production never sets it.
 	FaultsEnv = "DFKV_SOFT_RDMA_FAULTS"
 )
 
@@ -227,9 +230,9 @@ func (f *faultFile) takeCompErr(dev string) (verbs.WCStatus, bool) {
 	return st.CompStatus, true
 }
 
-// devicesFromEnv reads DevicesEnv: 0 when unset.
-func devicesFromEnv() (int, error) {
-	v := strings.TrimSpace(os.Getenv(DevicesEnv))
+// ParseDevices parses a DevicesEnv value: 0 when empty, else 1..MaxDevices.
+func ParseDevices(v string) (int, error) {
+	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0, nil
 	}

@@ -67,25 +67,30 @@ func FuzzParseFaults(f *testing.F) {
 	})
 }
 
-func TestDevicesFromEnv(t *testing.T) {
-	t.Setenv(DevicesEnv, "4")
-	p, err := New(Options{})
+func TestDeviceCount(t *testing.T) {
+	n, err := ParseDevices(" 4 ")
+	if err != nil || n != 4 {
+		t.Fatalf("ParseDevices(4) = %d, %v", n, err)
+	}
+	p, err := New(Options{Devices: n})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if devs, err := p.Devices(); err != nil || len(devs) != 4 || devs[3].Name != "soft3" {
 		t.Fatalf("%+v %v", devs, err)
 	}
-	// An explicit count wins over the environment.
-	if p, err = New(Options{Devices: 2}); err != nil {
+	// No count: one device.
+	if p, err = New(Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if devs, _ := p.Devices(); len(devs) != 2 {
+	if devs, _ := p.Devices(); len(devs) != 1 {
 		t.Fatalf("%d devices", len(devs))
 	}
+	if n, err := ParseDevices(""); n != 0 || err != nil {
+		t.Fatalf("ParseDevices(\"\") = %d, %v", n, err)
+	}
 	for _, bad := range []string{"0", "65", "two", "-1"} {
-		t.Setenv(DevicesEnv, bad)
-		if _, err := New(Options{}); err == nil || !strings.Contains(err.Error(), DevicesEnv) {
+		if _, err := ParseDevices(bad); err == nil || !strings.Contains(err.Error(), DevicesEnv) {
 			t.Errorf("%s=%q: %v", DevicesEnv, bad, err)
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"time"
 	"unsafe"
@@ -60,17 +59,10 @@ type Provider struct {
 // New creates a soft provider with its devices (nothing listens until a device is opened).
 func New(opt Options) (*Provider, error) {
 	if opt.Devices <= 0 {
-		n, err := devicesFromEnv()
-		if err != nil {
-			return nil, err
-		}
-		opt.Devices = max(n, 1)
+		opt.Devices = 1
 	}
 	if opt.Devices > MaxDevices {
 		return nil, fmt.Errorf("soft: %d devices (max %d)", opt.Devices, MaxDevices)
-	}
-	if opt.FaultFile == "" {
-		opt.FaultFile = os.Getenv(FaultsEnv)
 	}
 	if opt.AckTimeout <= 0 {
 		opt.AckTimeout = 10 * time.Second
