@@ -45,7 +45,12 @@ type RDMAOptions struct {
 	Tiers [][]string
 	// RailQuarantine is how long a rail that broke towards a server is avoided (default 10 s).
 	RailQuarantine time.Duration
-	Depth          uint32 // requests in flight per RDMA connection (default 4)
+	// SoftDevices and SoftFaultFile are the soft provider's device count (at least one per
+	// softN named) and its test-only fault file (soft.ParseFaults); the C ABI maps
+	// DFKV_SOFT_RDMA_DEVICES and DFKV_SOFT_RDMA_FAULTS. Ignored by other providers.
+	SoftDevices   int
+	SoftFaultFile string
+	Depth         uint32 // requests in flight per RDMA connection (default 4)
 	// MaxBlock is the declared largest value (default 4 MiB, at most Limits.MaxValue). It
 	// sizes the server's slots (depth x block per connection); larger values use TCP.
 	MaxBlock uint64
@@ -206,14 +211,14 @@ func (c *Client) rdmaProvider() (verbs.Provider, error) {
 		case "", "ibverbs":
 			s.prov = ibverbs.New(ibverbs.Options{})
 		case "soft":
-			// One soft NIC per softN named (none named: DFKV_SOFT_RDMA_DEVICES, else one).
+			// One soft NIC per softN named, or SoftDevices when more (none: one).
 			n := 0
 			for _, d := range append([]string{c.opts.RDMA.Device}, c.opts.RDMA.Devices...) {
 				if i, err := strconv.Atoi(strings.TrimPrefix(d, "soft")); err == nil && strings.HasPrefix(d, "soft") && i >= 0 && i < soft.MaxDevices {
 					n = max(n, i+1)
 				}
 			}
-			s.prov, s.provErr = soft.New(soft.Options{Devices: n})
+			s.prov, s.provErr = soft.New(soft.Options{Devices: max(n, c.opts.RDMA.SoftDevices), FaultFile: c.opts.RDMA.SoftFaultFile})
 		default:
 			s.provErr = fmt.Errorf("rdma provider %q (want ibverbs or soft)", c.opts.RDMA.Provider)
 		}

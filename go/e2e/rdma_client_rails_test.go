@@ -44,8 +44,6 @@ func startRailRig(t *testing.T, group string, serverArgs ...string) *railRig {
 		"--rdma-health-recovery-samples", "2", "--mds", mds.addr, "--group", group, "--id", "r1", "--advertise", "127.0.0.1:0"}, serverArgs...)
 	s := startServer(t, filepath.Join(dir, "node"), args...)
 	waitFor(t, 15*time.Second, "r1 registered", func() bool { return s.httpStatus("/readyz") == 200 })
-	// This process's soft NICs (the clients') read their own file from here on.
-	t.Setenv(soft.FaultsEnv, filepath.Join(dir, "client-faults"))
 	return &railRig{mds: mds, s: s, group: group, faults: faults, dir: dir}
 }
 
@@ -57,6 +55,7 @@ func (r *railRig) client(t *testing.T, o client.RDMAOptions) *client.Client {
 	}
 	waitFor(t, 15*time.Second, "the client sees r1", func() bool { return len(ms.View().Members) == 1 })
 	o.Provider = "soft"
+	o.SoftFaultFile = filepath.Join(r.dir, "client-faults") // the clients' NICs: their own file
 	if o.MaxBlock == 0 {
 		o.MaxBlock = 4 << 20
 	}

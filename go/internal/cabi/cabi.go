@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
 	"github.com/dfkv/dfkv/go/internal/version"
 	"github.com/dfkv/dfkv/go/ring"
 )
@@ -157,6 +158,14 @@ func open(o *Options) (*Handle, error) {
 		copts.RDMA = &client.RDMAOptions{Provider: os.Getenv("DFKV_RDMA_PROVIDER"),
 			Devices: splitList(os.Getenv("DFKV_RDMA_DEV"), ","), Primary: strings.TrimSpace(os.Getenv("DFKV_RDMA_PRIMARY_DEV")),
 			Tiers: parseTiers(os.Getenv("DFKV_RDMA_TIERS")), ForceV1: os.Getenv("DFKV_RDMA_PROTOCOL") == "1", MRCacheBytes: -1}
+		if copts.RDMA.Provider == "soft" { // the test and demo NIC: its device count and fault file
+			n, err := soft.ParseDevices(os.Getenv(soft.DevicesEnv))
+			if err != nil {
+				ms.Close()
+				return nil, err
+			}
+			copts.RDMA.SoftDevices, copts.RDMA.SoftFaultFile = n, os.Getenv(soft.FaultsEnv)
+		}
 		if err := applyRDMAEnv(copts.RDMA); err != nil {
 			ms.Close()
 			return nil, err
