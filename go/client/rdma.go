@@ -395,10 +395,22 @@ func (b bufConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 // rdmaConn returns an idle or new RDMA connection to p and its rail, or nil when p is
 // served over TCP (err is ErrNoCompatibleRail when that is why: client-local).
 func (c *Client) rdmaConn(ctx context.Context, p *peer) (*onesided.Client, string, error) {
-	o := c.opts.RDMA
-	if o == nil {
+	if c.opts.RDMA == nil {
 		return nil, "", nil
 	}
+	// A dial that fails on its rail before anything was submitted quarantines that rail;
+	// the op then tries the next candidate (any op may cross rails then: nothing was sent).
+	for range len(c.rdma.rc.devices) {
+		oc, rail, err := c.rdmaConnOnce(ctx, p)
+		if oc != nil || err != nil || rail == "" || !p.rdma.quarantined(rail, time.Now()) || ctx.Err() != nil {
+			return oc, rail, err
+		}
+	}
+	return c.rdmaConnOnce(ctx, p)
+}
+
+func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, string, error) {
+	o := c.opts.RDMA
 	r := &p.rdma
 	r.mu.Lock()
 	if r.tcp || r.closed {

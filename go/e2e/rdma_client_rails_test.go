@@ -310,3 +310,27 @@ func TestRDMAClientNoCompatibleRail(t *testing.T) {
 		t.Fatalf("%v RDMA connections opened", n)
 	}
 }
+
+// A rail that fails before anything is submitted (the client's own soft0 port is down, so
+// its device will not open): the rail is quarantined and the op, a PUT included, runs on
+// soft1 over RDMA; the server is not cooled.
+func TestRDMAClientRailDialFailover(t *testing.T) {
+	r := startRailRig(t, "e2e-crails-e")
+	if err := soft.WriteFaults(filepath.Join(r.dir, "client-faults"), "soft0 port down\n"); err != nil {
+		t.Fatal(err)
+	}
+	c := r.client(t, client.RDMAOptions{Devices: []string{"soft0", "soft1"}, Primary: "soft0"})
+	putGetRound(t, c, "e", 1, 30000, 5)
+	if q := clientRail(t, c, "dfkv_rdma_client_rail_quarantines_total", "soft0"); q != 1 {
+		t.Fatalf("soft0 quarantines %v, want 1", q)
+	}
+	if a, b := clientRail(t, c, "dfkv_rdma_client_rail_conns_opened_total", "soft0"), clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft1"); a != 0 || b != 2 {
+		t.Fatalf("soft0 conns %v (want 0), soft1 ops %v (want 2)", a, b)
+	}
+	if n := r.s.requests(fb.OpPut) + r.s.requests(fb.OpGet); n != 0 {
+		t.Fatalf("%v PUT/GET over TCP", n)
+	}
+	if n := snapMetric(t, c.Snapshot(), "dfkv_client_peer_cooldowns_total"); n != 0 {
+		t.Fatalf("peer cooled %v times", n)
+	}
+}
