@@ -130,6 +130,11 @@ func New(opts Options) (*Client, error) {
 		_ = c.m.reg.Register(col)
 	}
 	if opts.RDMA != nil {
+		rc, err := newRailConfig(opts.RDMA)
+		if err != nil {
+			return nil, err
+		}
+		c.rdma.rc = rc
 		c.registerRDMAMetrics()
 	}
 	return c, nil

@@ -24,6 +24,10 @@ var (
 	// ErrBusy: the node could not take the write fast enough (its write-back dirty budget
 	// stayed full for the bounded wait). Nothing was stored; retry later.
 	ErrBusy = errors.New("dfkv: node busy")
+	// ErrNoCompatibleRail: no RDMA rail this client may use is published healthy by the
+	// server (or the client has tiers and the server publishes no rails). Client-local: the
+	// op goes over TCP and the peer's health is untouched (docs/RDMA.md §4).
+	ErrNoCompatibleRail = errors.New("dfkv: no compatible RDMA rail")
 )
 
 func statusErr(st fb.Status) error {

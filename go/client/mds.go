@@ -63,6 +63,9 @@ type MDSMembership struct {
 	rpc    *mdsclient.Client
 	holder *mdsclient.Holder
 	view   atomic.Pointer[View]
+	// rails: each member's published RDMA rails by address, from the latest topology (rail
+	// health moves topology_epoch, not members_epoch, so it is kept apart from the view).
+	rails atomic.Pointer[map[string][]wire.Rail]
 
 	// ctx ends on Close: it interrupts the poll in flight, so Close never waits out a
 	// stalled MDS. done closes when the poll loop has returned.
@@ -232,6 +235,11 @@ func (m *MDSMembership) poll(ctx context.Context) error {
 		return err
 	}
 	m.polls.WithLabelValues("ok").Inc()
+	rails := make(map[string][]wire.Rail, len(resp.Topology.Members))
+	for _, tm := range resp.Topology.Members {
+		rails[tm.Addr] = tm.Rails
+	}
+	m.rails.Store(&rails)
 	m.polled++
 	if m.lastErr != nil {
 		m.o.Logger.Info("dfkv: MDS reachable again")
@@ -311,6 +319,15 @@ func (m *MDSMembership) pruneRecent() {
 		}
 	}
 	m.recent = out
+}
+
+// PublishedRails returns the RDMA rails the member at addr publishes in the latest
+// topology (known is true: the membership is MDS-based; an empty list means none).
+func (m *MDSMembership) PublishedRails(addr string) (rails []wire.Rail, known bool) {
+	if p := m.rails.Load(); p != nil {
+		return (*p)[addr], true
+	}
+	return nil, true
 }
 
 // View returns the current routing snapshot.

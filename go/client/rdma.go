@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,7 +33,24 @@ import (
 type RDMAOptions struct {
 	Provider string // "ibverbs" (default) or "soft" (software NIC: tests and demos)
 	Device   string // "" = first device with an ACTIVE port; a named device is a hard selection
-	Depth    uint32 // requests in flight per RDMA connection (default 4)
+	// Devices is the rail whitelist (DFKV_RDMA_DEV=a,b): the client opens one shared device
+	// per listed rail it uses and, per server, uses only rails that server publishes Healthy
+	// (docs/RDMA.md §4, "Client rail selection"). Empty: the one device Device names.
+	Devices []string
+	// Primary (DFKV_RDMA_PRIMARY_DEV) is preferred inside the tier chosen for a server;
+	// without it connections spread round robin over that tier's rails.
+	Primary string
+	// Tiers (DFKV_RDMA_TIERS=a,b;c) ranks Devices: a lower tier is used only when no rail of
+	// a higher one is usable. Against a server that publishes no rails, tiers fail closed.
+	Tiers [][]string
+	// RailQuarantine is how long a rail that broke towards a server is avoided (default 10 s).
+	RailQuarantine time.Duration
+	// SoftDevices and SoftFaultFile are the soft provider's device count (at least one per
+	// softN named) and its test-only fault file (soft.ParseFaults); the C ABI maps
+	// DFKV_SOFT_RDMA_DEVICES and DFKV_SOFT_RDMA_FAULTS. Ignored by other providers.
+	SoftDevices   int
+	SoftFaultFile string
+	Depth         uint32 // requests in flight per RDMA connection (default 4)
 	// MaxBlock is the declared largest value (default 4 MiB, at most Limits.MaxValue). It
 	// sizes the server's slots (depth x block per connection); larger values use TCP.
 	MaxBlock uint64
@@ -56,9 +75,12 @@ type rdmaState struct {
 	provErr error
 
 	mu      sync.Mutex
-	regions [][]byte         // RegisterMemory's ranges, registered on every device opened
-	dev     *onesided.Device // opened by the first connection; shared by all (closed: nil)
+	regions [][]byte                    // RegisterMemory's ranges, registered on every device opened
+	devs    map[string]*onesided.Device // per rail, opened by its first connection; shared by all
 	closed  bool
+
+	rc railConfig   // rail policy (validated in New)
+	rm *railMetrics // per-rail series
 
 	used   atomic.Bool
 	reason atomic.Pointer[string]
@@ -71,6 +93,7 @@ type rdmaState struct {
 
 // registerRDMAMetrics adds the client's dfkv_rdma_* series to its stats snapshot.
 func (c *Client) registerRDMAMetrics() {
+	c.rdma.rm = newRailMetrics(c.m.reg)
 	for name := range c.rdma.m.Snapshot() {
 		n := name
 		f := func() float64 { return c.rdma.m.Snapshot()[n] }
@@ -85,16 +108,19 @@ func (c *Client) registerRDMAMetrics() {
 // peerRDMA is one server's RDMA connection pool.
 type peerRDMA struct {
 	mu      sync.Mutex
-	tcp     bool       // the server answered that it does not serve (our) RDMA: stay on TCP
-	v1      bool       // the server answers v1: offer v1 from the start
-	idle    []idleConn // most recently used last
-	all     map[*onesided.Client]struct{}
-	dialing int // bootstraps in progress (count against MaxConns)
+	tcp     bool                        // the server answered that it does not serve (our) RDMA: stay on TCP
+	v1      bool                        // the server answers v1: offer v1 from the start
+	idle    []idleConn                  // most recently used last
+	all     map[*onesided.Client]string // every open connection and its rail
+	quar    map[string]time.Time        // rail -> quarantined towards this server until
+	rr      uint32                      // round robin over the chosen tier's rails
+	dialing int                         // bootstraps in progress (count against MaxConns)
 	closed  bool
 }
 
 type idleConn struct {
 	oc    *onesided.Client
+	rail  string
 	since time.Time
 }
 
@@ -185,7 +211,14 @@ func (c *Client) rdmaProvider() (verbs.Provider, error) {
 		case "", "ibverbs":
 			s.prov = ibverbs.New(ibverbs.Options{})
 		case "soft":
-			s.prov, s.provErr = soft.New(soft.Options{})
+			// One soft NIC per softN named, or SoftDevices when more (none: one).
+			n := 0
+			for _, d := range append([]string{c.opts.RDMA.Device}, c.opts.RDMA.Devices...) {
+				if i, err := strconv.Atoi(strings.TrimPrefix(d, "soft")); err == nil && strings.HasPrefix(d, "soft") && i >= 0 && i < soft.MaxDevices {
+					n = max(n, i+1)
+				}
+			}
+			s.prov, s.provErr = soft.New(soft.Options{Devices: max(n, c.opts.RDMA.SoftDevices), FaultFile: c.opts.RDMA.SoftFaultFile})
 		default:
 			s.provErr = fmt.Errorf("rdma provider %q (want ibverbs or soft)", c.opts.RDMA.Provider)
 		}
@@ -230,9 +263,14 @@ func (c *Client) RegisterMemory(buf []byte) error {
 	if regionIndex(s.regions, buf) >= 0 {
 		return nil
 	}
-	if s.dev != nil {
-		if err := s.dev.RegisterMemory(buf); err != nil {
-			return fmt.Errorf("dfkv: register memory: %w", err)
+	for name, dev := range s.devs {
+		if err := dev.RegisterMemory(buf); err != nil {
+			for n2, d2 := range s.devs { // undo: all devices or none
+				if n2 != name {
+					_ = d2.UnregisterMemory(context.Background(), buf)
+				}
+			}
+			return fmt.Errorf("dfkv: register memory on %q: %w", name, err)
 		}
 	}
 	s.regions = append(s.regions, buf)
@@ -256,27 +294,38 @@ func (c *Client) UnregisterMemory(buf []byte) error {
 		return fmt.Errorf("dfkv: unregister memory: %d bytes at %p were not registered: %w", len(buf), &buf[0], ErrInvalid)
 	}
 	s.regions = append(s.regions[:i], s.regions[i+1:]...)
-	dev := s.dev
-	s.mu.Unlock()
-	if dev == nil {
-		return nil
+	devs := make([]*onesided.Device, 0, len(s.devs))
+	for _, d := range s.devs {
+		devs = append(devs, d)
 	}
+	s.mu.Unlock()
 	// Every op ends within the I/O timeout (its window's deadline), so this wait is bounded.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.opts.IOTimeout)
 	defer cancel()
-	err := dev.UnregisterMemory(ctx, buf)
-	switch {
-	case err == nil, errors.Is(err, onesided.ErrNotRegistered):
-		// Not on the device: it was opened after a failed registration, or closed.
-		return nil
-	case errors.Is(err, onesided.ErrPoolBusy):
+	var first error
+	for _, dev := range devs {
+		err := dev.UnregisterMemory(ctx, buf)
+		switch {
+		case err == nil, errors.Is(err, onesided.ErrNotRegistered):
+			// Not on the device: it was opened after a failed registration, or closed.
+		case errors.Is(err, onesided.ErrPoolBusy):
+			if first == nil {
+				first = fmt.Errorf("dfkv: unregister memory: %w: %w", ErrBusy, err)
+			}
+		default:
+			if first == nil {
+				first = fmt.Errorf("dfkv: unregister memory: %w", err)
+			}
+		}
+	}
+	if first != nil && errors.Is(first, ErrBusy) {
+		// Still registered somewhere: keep the range so a later call retries (a device that
+		// let go answers ErrNotRegistered then, which is fine).
 		s.mu.Lock()
 		s.regions = append(s.regions, buf)
 		s.mu.Unlock()
-		return fmt.Errorf("dfkv: unregister memory: %w: %w", ErrBusy, err)
-	default:
-		return fmt.Errorf("dfkv: unregister memory: %w", err)
 	}
+	return first
 }
 
 // regionIndex finds the registered range equal to buf, or -1.
@@ -289,19 +338,23 @@ func regionIndex(regions [][]byte, buf []byte) int {
 	return -1
 }
 
-// rdmaDevice returns the client's opened device, opening it (and registering the pools on
-// it) for the first connection.
-func (c *Client) rdmaDevice(prov verbs.Provider) (*onesided.Device, error) {
+// rdmaDevice returns the client's opened device for rail ("" = RDMAOptions.Device), opening
+// it (and registering the pools on it) for its first connection.
+func (c *Client) rdmaDevice(prov verbs.Provider, rail string) (*onesided.Device, error) {
 	s := &c.rdma
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, ErrClosed
 	}
-	if s.dev != nil {
-		return s.dev, nil
+	if d := s.devs[rail]; d != nil {
+		return d, nil
 	}
-	dev, err := onesided.OpenDevice(prov, c.opts.RDMA.Device, &s.m)
+	name := rail
+	if name == "" {
+		name = c.opts.RDMA.Device
+	}
+	dev, err := onesided.OpenDevice(prov, name, &s.m)
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +364,10 @@ func (c *Client) rdmaDevice(prov verbs.Provider) (*onesided.Device, error) {
 			return nil, fmt.Errorf("register memory: %w", err)
 		}
 	}
-	s.dev = dev
+	if s.devs == nil {
+		s.devs = map[string]*onesided.Device{}
+	}
+	s.devs[rail] = dev
 	return dev, nil
 }
 
@@ -320,10 +376,10 @@ func (c *Client) rdmaDevice(prov verbs.Provider) (*onesided.Device, error) {
 func (c *Client) closeRDMADevice() {
 	s := &c.rdma
 	s.mu.Lock()
-	dev := s.dev
-	s.dev, s.closed = nil, true
+	devs := s.devs
+	s.devs, s.closed = nil, true
 	s.mu.Unlock()
-	if dev != nil {
+	for _, dev := range devs {
 		dev.Release()
 	}
 }
@@ -336,24 +392,47 @@ type bufConn struct {
 
 func (b bufConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
-// rdmaConn returns an idle or new RDMA connection to p, or nil when p is served over TCP.
-func (c *Client) rdmaConn(ctx context.Context, p *peer) *onesided.Client {
-	o := c.opts.RDMA
-	if o == nil {
-		return nil
+// rdmaConn returns an idle or new RDMA connection to p and its rail, or nil when p is
+// served over TCP (err is ErrNoCompatibleRail when that is why: client-local).
+func (c *Client) rdmaConn(ctx context.Context, p *peer) (*onesided.Client, string, error) {
+	if c.opts.RDMA == nil {
+		return nil, "", nil
 	}
+	// A dial that fails on its rail before anything was submitted quarantines that rail;
+	// the op then tries the next candidate (any op may cross rails then: nothing was sent).
+	for range len(c.rdma.rc.devices) {
+		oc, rail, err := c.rdmaConnOnce(ctx, p)
+		if oc != nil || err != nil || rail == "" || !p.rdma.quarantined(rail, time.Now()) || ctx.Err() != nil {
+			return oc, rail, err
+		}
+	}
+	return c.rdmaConnOnce(ctx, p)
+}
+
+func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, string, error) {
+	o := c.opts.RDMA
 	r := &p.rdma
 	r.mu.Lock()
 	if r.tcp || r.closed {
 		r.mu.Unlock()
-		return nil
+		return nil, "", nil
 	}
-	if n := len(r.idle); n > 0 {
-		oc := r.idle[n-1].oc
-		r.idle[n-1] = idleConn{}
-		r.idle = r.idle[:n-1]
+	r.mu.Unlock()
+	rail, err := c.pickRail(p)
+	if err != nil {
+		c.rdma.rm.noRail.Inc()
+		c.setTCPReason(fmt.Sprintf("server %s: %v", p.addr, err))
+		return nil, "", err
+	}
+	r.mu.Lock()
+	for i := len(r.idle) - 1; i >= 0; i-- {
+		if r.idle[i].rail != rail {
+			continue
+		}
+		oc := r.idle[i].oc
+		r.idle = slices.Delete(r.idle, i, i+1)
 		r.mu.Unlock()
-		return oc
+		return oc, rail, nil
 	}
 	maxConns := o.MaxConns
 	if maxConns <= 0 {
@@ -362,7 +441,7 @@ func (c *Client) rdmaConn(ctx context.Context, p *peer) *onesided.Client {
 	if len(r.all)+r.dialing >= maxConns {
 		r.mu.Unlock()
 		c.rdma.m.PoolFull.Add(1)
-		return nil // every RDMA connection to p is busy: this op goes over TCP
+		return nil, "", nil // every RDMA connection to p is busy: this op goes over TCP
 	}
 	r.dialing++
 	v1 := r.v1 || o.ForceV1
@@ -372,20 +451,47 @@ func (c *Client) rdmaConn(ctx context.Context, p *peer) *onesided.Client {
 		r.dialing--
 		r.mu.Unlock()
 	}()
-	oc := c.rdmaDial(ctx, p, v1)
+	oc := c.rdmaDial(ctx, p, rail, v1)
 	if oc == nil && !v1 && p.rdma.speaksV1() {
 		// The server answered v1: never change protocol on that QP; open a fresh connection
 		// offering v1.
-		oc = c.rdmaDial(ctx, p, true)
+		oc = c.rdmaDial(ctx, p, rail, true)
 	}
-	return oc
+	return oc, rail, nil
+}
+
+// pickRail chooses the rail for p's next connection (docs/RDMA.md §4, "Client rail
+// selection"): "" without a whitelist; else the primary when it is in the highest usable
+// tier, else round robin over that tier.
+func (c *Client) pickRail(p *peer) (string, error) {
+	rc := &c.rdma.rc
+	if len(rc.devices) == 0 {
+		return "", nil
+	}
+	var published []wire.Rail
+	if rp, ok := c.opts.Membership.(railPublisher); ok {
+		published, _ = rp.PublishedRails(p.addr)
+	}
+	now := time.Now()
+	cands, err := rc.candidates(published, func(d string) bool { return !p.rdma.quarantined(d, now) })
+	if err != nil {
+		return "", err
+	}
+	if cands[0] == rc.primary {
+		return cands[0], nil
+	}
+	p.rdma.mu.Lock()
+	i := p.rdma.rr
+	p.rdma.rr++
+	p.rdma.mu.Unlock()
+	return cands[int(i%uint32(len(cands)))], nil
 }
 
 // rdmaPut returns oc to p's pool (or closes it past the pool's size).
-func (c *Client) rdmaPut(p *peer, oc *onesided.Client) {
+func (c *Client) rdmaPut(p *peer, oc *onesided.Client, rail string) {
 	p.rdma.mu.Lock()
 	if !p.rdma.closed && len(p.rdma.idle) < c.opts.PoolSize {
-		p.rdma.idle = append(p.rdma.idle, idleConn{oc: oc, since: time.Now()})
+		p.rdma.idle = append(p.rdma.idle, idleConn{oc: oc, rail: rail, since: time.Now()})
 		oc = nil
 	} else {
 		delete(p.rdma.all, oc)
@@ -410,8 +516,9 @@ func (r *peerRDMA) speaksV1() bool {
 	return r.v1
 }
 
-// rdmaDial bootstraps one RDMA connection to p offering v1 or v2, or returns nil (TCP).
-func (c *Client) rdmaDial(ctx context.Context, p *peer, v1 bool) *onesided.Client {
+// rdmaDial bootstraps one RDMA connection to p on rail offering v1 or v2, or returns nil
+// (TCP).
+func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *onesided.Client {
 	o, r := c.opts.RDMA, &p.rdma
 	prov, err := c.rdmaProvider()
 	if err != nil {
@@ -444,15 +551,20 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, v1 bool) *onesided.Clien
 		c.markTCP(p, fmt.Sprintf("server %s does not serve RDMA", p.addr))
 		return nil
 	}
-	dev, err := c.rdmaDevice(prov)
+	dev, err := c.rdmaDevice(prov, rail)
 	if err != nil {
 		pc.nc.Close()
-		if !errors.Is(err, ErrClosed) { // no device, or a pool that will not register: TCP
+		switch {
+		case errors.Is(err, ErrClosed):
+		case rail != "": // this rail's local device will not open: avoid it for a while
+			c.quarantineRail(p, rail)
+			c.setTCPReason(err.Error())
+		default: // no device, or a pool that will not register: TCP
 			c.markTCP(p, err.Error())
 		}
 		return nil
 	}
-	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: o.Device, Shared: dev,
+	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: dev.Name(), Shared: dev,
 		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
 		ForceV1: v1, MRCacheBytes: o.MRCacheBytes})
 	switch {
@@ -462,6 +574,10 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, v1 bool) *onesided.Clien
 		r.v1 = true
 		r.mu.Unlock()
 		c.setTCPReason(fmt.Sprintf("server %s answers RDMA v1", p.addr))
+		return nil
+	case rail != "" && (errors.Is(err, verbs.ErrNoDevice) || errors.Is(err, verbs.ErrUnavailable)):
+		c.quarantineRail(p, rail) // this rail failed; others may not
+		c.setTCPReason(err.Error())
 		return nil
 	case errors.Is(err, verbs.ErrNoDevice), errors.Is(err, verbs.ErrUnavailable), errors.Is(err, dcp.ErrRefused):
 		c.markTCP(p, err.Error())
@@ -477,12 +593,24 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, v1 bool) *onesided.Clien
 		return nil
 	}
 	if r.all == nil {
-		r.all = map[*onesided.Client]struct{}{}
+		r.all = map[*onesided.Client]string{}
 	}
-	r.all[oc] = struct{}{}
+	r.all[oc] = rail
 	c.rdma.used.Store(true)
+	c.rdma.rm.conns.WithLabelValues(rail).Inc()
 	c.startJanitor()
 	return oc
+}
+
+// quarantineRail avoids rail towards p for RDMAOptions.RailQuarantine.
+func (c *Client) quarantineRail(p *peer, rail string) {
+	d := c.opts.RDMA.RailQuarantine
+	if d <= 0 {
+		d = defaultRailQuarantine
+	}
+	p.rdma.quarantine(rail, d)
+	c.rdma.rm.quarantines.WithLabelValues(rail).Inc()
+	c.opts.Logger.Warn("dfkv: rdma rail quarantined for a server", "server", p.addr, "rail", rail, "for", d)
 }
 
 func (c *Client) markTCP(p *peer, why string) {
@@ -498,28 +626,71 @@ func (c *Client) rdmaExec(ctx context.Context, p *peer, op *onesided.Op) (handle
 	return c.rdmaDo(ctx, p, []*onesided.Op{op})
 }
 
+// replayable: reads may run again on another rail; a PUT or REMOVE that may have been
+// submitted must not (its outcome is unknown, not known to be undone).
+func replayable(ops []*onesided.Op) bool {
+	for _, o := range ops {
+		if o.Kind != fb.OpGet && o.Kind != fb.OpExist {
+			return false
+		}
+	}
+	return true
+}
+
 // rdmaDo runs ops as one window on one RDMA connection to p (up to the negotiated depth in
 // flight, replies in order); handled is false when p is served over TCP. On a broken
-// connection the ops not completed keep Status Unavailable and err says why. Every wait
-// inside is bounded by the I/O timeout and by ctx.
+// connection its rail is quarantined towards p; GET/EXIST windows replay only their
+// unfinished ops on another usable rail (completed ones keep their bytes); otherwise the
+// ops not completed keep Status Unavailable and err says why. Every wait inside is bounded
+// by the I/O timeout (one deadline for the whole call, replays included) and by ctx.
 func (c *Client) rdmaDo(ctx context.Context, p *peer, ops []*onesided.Op) (handled bool, err error) {
-	oc := c.rdmaConn(ctx, p)
+	oc, rail, _ := c.rdmaConn(ctx, p)
 	if oc == nil {
 		return false, nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, c.opts.IOTimeout)
 	defer cancel()
-	if err := oc.Do(dctx, ops); err != nil {
+	pending := ops
+	for {
+		derr := oc.Do(dctx, pending)
+		if derr == nil {
+			c.rdma.rm.ops.WithLabelValues(rail).Add(float64(len(pending)))
+			p.markHealthy()
+			c.rdmaPut(p, oc, rail)
+			return true, nil
+		}
 		c.rdmaDrop(p, oc)
 		if cerr := ctx.Err(); cerr != nil {
 			return true, ctxErr(p.addr, cerr) // the caller's context ended: not the peer's fault
 		}
+		var rest []*onesided.Op
+		for _, o := range pending {
+			if o.Status == fb.StatusUnavailable {
+				rest = append(rest, o)
+			}
+		}
+		c.rdma.rm.ops.WithLabelValues(rail).Add(float64(len(pending) - len(rest)))
+		if dctx.Err() == nil && rail != "" {
+			c.quarantineRail(p, rail)
+			if replayable(rest) {
+				if noc, nrail, _ := c.rdmaConn(dctx, p); noc != nil && nrail != rail {
+					c.rdma.rm.replays.WithLabelValues(nrail).Add(float64(len(rest)))
+					c.opts.Logger.Info("dfkv: rdma rail broke; replaying unfinished reads on another rail",
+						"server", p.addr, "from", rail, "to", nrail, "ops", len(rest), "err", derr)
+					oc, rail, pending = noc, nrail, rest
+					continue
+				} else if noc != nil {
+					c.rdmaPut(p, noc, nrail)
+				}
+			}
+			if _, perr := c.pickRail(p); perr == nil {
+				// Another rail of p is still usable: the rail failed, not (known) the peer.
+				return true, ioErr(p.addr, derr)
+			}
+		}
 		p.markFailed()
-		return true, ioErr(p.addr, err)
+		return true, ioErr(p.addr, derr)
 	}
-	p.markHealthy()
-	c.rdmaPut(p, oc)
-	return true, nil
 }
 
 func (c *Client) rdmaDepth() uint32 {

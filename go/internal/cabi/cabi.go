@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
 	"github.com/dfkv/dfkv/go/internal/version"
 	"github.com/dfkv/dfkv/go/ring"
 )
@@ -154,8 +155,17 @@ func open(o *Options) (*Handle, error) {
 	if o.Flags&FlagRDMA != 0 || os.Getenv("DFKV_RDMA") == "1" {
 		// MRCacheBytes < 0: C and Python callers' memory is not the Go runtime's, so a cached
 		// registration could outlive the mapping it pinned; transient MRs end with their op.
-		copts.RDMA = &client.RDMAOptions{Provider: os.Getenv("DFKV_RDMA_PROVIDER"), Device: os.Getenv("DFKV_RDMA_DEV"),
-			ForceV1: os.Getenv("DFKV_RDMA_PROTOCOL") == "1", MRCacheBytes: -1}
+		copts.RDMA = &client.RDMAOptions{Provider: os.Getenv("DFKV_RDMA_PROVIDER"),
+			Devices: splitList(os.Getenv("DFKV_RDMA_DEV"), ","), Primary: strings.TrimSpace(os.Getenv("DFKV_RDMA_PRIMARY_DEV")),
+			Tiers: parseTiers(os.Getenv("DFKV_RDMA_TIERS")), ForceV1: os.Getenv("DFKV_RDMA_PROTOCOL") == "1", MRCacheBytes: -1}
+		if copts.RDMA.Provider == "soft" { // the test and demo NIC: its device count and fault file
+			n, err := soft.ParseDevices(os.Getenv(soft.DevicesEnv))
+			if err != nil {
+				ms.Close()
+				return nil, err
+			}
+			copts.RDMA.SoftDevices, copts.RDMA.SoftFaultFile = n, os.Getenv(soft.FaultsEnv)
+		}
 		if err := applyRDMAEnv(copts.RDMA); err != nil {
 			ms.Close()
 			return nil, err
@@ -453,6 +463,31 @@ func applyRDMAEnv(o *client.RDMAOptions) error {
 	}
 	o.MaxBlock, o.Depth, o.IdleTimeout = uint64(block), uint32(min(depth, 1024)), time.Duration(idle)*time.Millisecond
 	return nil
+}
+
+// splitList splits a device list on any of seps, dropping blanks.
+func splitList(v, seps string) []string {
+	var out []string
+	for _, f := range strings.FieldsFunc(v, func(r rune) bool { return strings.ContainsRune(seps, r) }) {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// parseTiers parses DFKV_RDMA_TIERS ("a,b;c": ';' separates tiers, leftmost is tier 0;
+// ',' or '|' separates a tier's devices). client.New validates it against DFKV_RDMA_DEV;
+// an empty tier is kept so that it is refused there rather than silently dropped.
+func parseTiers(v string) [][]string {
+	if strings.TrimSpace(v) == "" {
+		return nil
+	}
+	var out [][]string
+	for _, t := range strings.Split(v, ";") {
+		out = append(out, splitList(t, ",|"))
+	}
+	return out
 }
 
 func applyTimeoutEnv(o *client.Options) error {

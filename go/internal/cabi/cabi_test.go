@@ -211,3 +211,50 @@ func TestFanoutEnv(t *testing.T) {
 		}
 	}
 }
+
+// DFKV_RDMA_DEV is a comma list (the rail whitelist), DFKV_RDMA_TIERS "a,b;c" ranks it, and
+// DFKV_RDMA_PRIMARY_DEV prefers one; a set the client cannot honour refuses the open.
+func TestRDMARailEnv(t *testing.T) {
+	if got := splitList(" soft0, soft1 ,,soft2", ","); strings.Join(got, "|") != "soft0|soft1|soft2" {
+		t.Fatalf("splitList: %q", got)
+	}
+	for _, tc := range []struct {
+		in   string
+		want string
+	}{
+		{"", "[]"},
+		{"a,b;c", "[[a b] [c]]"},
+		{"a|b ; c", "[[a b] [c]]"},
+		{"a;;c", "[[a] [] [c]]"}, // the empty tier is kept, for client.New to refuse
+	} {
+		if got := fmt.Sprint(parseTiers(tc.in)); got != tc.want {
+			t.Errorf("parseTiers(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+	t.Setenv("DFKV_RDMA", "1")
+	t.Setenv("DFKV_RDMA_PROVIDER", "soft")
+	t.Setenv("DFKV_RDMA_DEV", "soft0,soft1")
+	t.Setenv("DFKV_RDMA_TIERS", "soft0;soft1")
+	t.Setenv("DFKV_RDMA_PRIMARY_DEV", "soft1")
+	o := good()
+	id := Open(&o)
+	if id == 0 {
+		t.Fatalf("valid rail settings refused: %s", LastError())
+	}
+	Close(id)
+	for env, bad := range map[string]string{
+		"DFKV_RDMA_TIERS":       "soft0;soft9",
+		"DFKV_RDMA_PRIMARY_DEV": "soft7",
+	} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, bad)
+			if id := Open(&o); id != 0 {
+				Close(id)
+				t.Fatalf("%s=%s accepted", env, bad)
+			}
+			if !strings.Contains(LastError(), "rdma") {
+				t.Fatalf("error does not say what: %q", LastError())
+			}
+		})
+	}
+}
