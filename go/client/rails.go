@@ -166,20 +166,9 @@ func (r *peerRDMA) quarantine(rail string, d time.Duration) {
 		r.quar = map[string]time.Time{}
 	}
 	r.quar[rail] = time.Now().Add(d)
-	keep := r.idle[:0]
-	var drop []idleConn
-	for _, ic := range r.idle {
-		if ic.rail == rail {
-			drop = append(drop, ic)
-			delete(r.all, ic.oc)
-		} else {
-			keep = append(keep, ic)
-		}
-	}
-	clear(r.idle[len(keep):])
-	r.idle = keep
+	drop := r.takeIdleLocked(func(ic idleConn) bool { return ic.rail == rail })
 	r.mu.Unlock()
-	for _, ic := range drop {
-		ic.oc.Close()
+	for _, oc := range drop {
+		oc.Close()
 	}
 }

@@ -127,11 +127,22 @@ type idleConn struct {
 // reclaim closes the idle connections unused since before cutoff.
 func (r *peerRDMA) reclaim(cutoff time.Time, m *onesided.Metrics) {
 	r.mu.Lock()
-	var old []*onesided.Client
+	old := r.takeIdleLocked(func(ic idleConn) bool { return ic.since.Before(cutoff) })
+	r.mu.Unlock()
+	for _, oc := range old {
+		oc.Close()
+		m.IdleReclaims.Add(1)
+	}
+}
+
+// takeIdleLocked removes the idle connections drop selects from the pool and returns them
+// for the caller to close outside r.mu.
+func (r *peerRDMA) takeIdleLocked(drop func(idleConn) bool) []*onesided.Client {
+	var out []*onesided.Client
 	keep := r.idle[:0]
 	for _, ic := range r.idle {
-		if ic.since.Before(cutoff) {
-			old = append(old, ic.oc)
+		if drop(ic) {
+			out = append(out, ic.oc)
 			delete(r.all, ic.oc)
 		} else {
 			keep = append(keep, ic)
@@ -139,11 +150,7 @@ func (r *peerRDMA) reclaim(cutoff time.Time, m *onesided.Metrics) {
 	}
 	clear(r.idle[len(keep):])
 	r.idle = keep
-	r.mu.Unlock()
-	for _, oc := range old {
-		oc.Close()
-		m.IdleReclaims.Add(1)
-	}
+	return out
 }
 
 func (r *peerRDMA) close() {
