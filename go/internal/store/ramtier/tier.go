@@ -357,7 +357,12 @@ func (t *Tier) miss(key store.Key, f *coalesce.Flight, fn func([]byte) error) (e
 		return t.readAround(key, f, fn)
 	}
 	st := t.stripeOf(key)
+	// A write of the key that has begun (epoch taken) may land after this read and publish
+	// before it finishes: what the read sees then is older than the disk, so it promotes only
+	// if no write was in flight when it started (writers count themselves active before they
+	// take their epoch) and none began since.
 	epoch := st.epoch.Load()
+	quiet := st.active.Load() == 0
 	sh := t.shardOf(key)
 	s, err := sh.reserve(key, store.AlignUp(size))
 	if err != nil {
@@ -373,7 +378,7 @@ func (t *Tier) miss(key store.Key, f *coalesce.Flight, fn func([]byte) error) (e
 		return err
 	}
 	s.length = n
-	if sh.publish(s, func() bool { return st.epoch.Load() == epoch && st.active.Load() == 0 }) {
+	if sh.publish(s, func() bool { return quiet && st.epoch.Load() == epoch && st.active.Load() == 0 }) {
 		t.promoted.Add(1)
 	}
 	defer t.unpin(s) // the owner's pin, dropped after our own callback
@@ -470,9 +475,9 @@ func (t *Tier) Put(key store.Key, size int, fill func([]byte) error) error {
 	}
 	defer t.leave()
 	st := t.stripeOf(key)
-	mine := st.epoch.Add(1)
-	st.active.Add(1)
+	st.active.Add(1) // before the epoch: see miss
 	defer st.active.Add(-1)
+	mine := st.epoch.Add(1)
 	sh := t.shardOf(key)
 	if t.cfg.Policy == WriteBack {
 		return t.putBack(key, st, sh, size, fill)
@@ -514,9 +519,9 @@ func (t *Tier) Remove(key store.Key) error {
 	}
 	defer t.leave()
 	st := t.stripeOf(key)
-	st.epoch.Add(1)
-	st.active.Add(1)
+	st.active.Add(1) // before the epoch: see miss
 	defer st.active.Add(-1)
+	st.epoch.Add(1)
 	sh := t.shardOf(key)
 	if t.cfg.Policy == WriteBack {
 		st.disk.Lock() // a flush of the key must not land after the removal
