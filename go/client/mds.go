@@ -99,13 +99,6 @@ type recentView struct {
 // ErrNoMDS: MDS discovery was asked for without endpoints.
 var ErrNoMDS = errors.New("dfkv: no MDS endpoints")
 
-func (m *MDSMembership) ringOpts() []ring.Option {
-	if m.o.RingPointsPerWeight == 0 {
-		return nil
-	}
-	return []ring.Option{ring.WithPointsPerWeight(m.o.RingPointsPerWeight)}
-}
-
 // NewMDSMembership fetches the topology once (bounded by InitialWait) and starts polling.
 func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	if len(o.Endpoints) == 0 {
@@ -114,10 +107,8 @@ func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	if o.Group == "" {
 		o.Group = "default"
 	}
-	if o.RingPointsPerWeight != 0 {
-		if _, err := ring.New(nil, ring.WithPointsPerWeight(o.RingPointsPerWeight)); err != nil {
-			return nil, fmt.Errorf("dfkv: %w", err)
-		}
+	if _, err := ring.New(nil, ring.WithPointsPerWeight(o.RingPointsPerWeight)); err != nil {
+		return nil, fmt.Errorf("dfkv: %w", err)
 	}
 	if o.Poll <= 0 {
 		o.Poll = 3 * time.Second
@@ -290,7 +281,7 @@ func (m *MDSMembership) apply(topo *wire.Topology) error {
 		}
 	}
 	m.shrinkSeen = 0
-	v, err := NewView(members, topo.MembersEpoch, m.ringOpts()...)
+	v, err := NewView(members, topo.MembersEpoch, ring.WithPointsPerWeight(m.o.RingPointsPerWeight))
 	if err != nil {
 		return fmt.Errorf("dfkv: topology from the MDS rejected, keeping the last good ring: %w", err)
 	}

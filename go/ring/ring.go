@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -33,7 +34,8 @@ type Option func(*config)
 
 type config struct{ pointsPerWeight int }
 
-// WithPointsPerWeight sets the ring's density: a multiple of 4 in 4..MaxPointsPerWeight.
+// WithPointsPerWeight sets the ring's density: a multiple of 4 in 4..MaxPointsPerWeight, or 0
+// for the default (PointsPerWeight), so callers can pass a configured value through as is.
 // Every client of a cluster must use the same density, or they route keys differently
 // (a misrouted read is a miss, never wrong bytes).
 func WithPointsPerWeight(n int) Option { return func(c *config) { c.pointsPerWeight = n } }
@@ -62,7 +64,7 @@ func New(nodes []Node, opts ...Option) (*Ring, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	ppw := cfg.pointsPerWeight
+	ppw := cmp.Or(cfg.pointsPerWeight, PointsPerWeight)
 	if ppw < 4 || ppw > MaxPointsPerWeight || ppw%4 != 0 {
 		return nil, fmt.Errorf("ring: %d points per weight: want a multiple of 4 in 4..%d", ppw, MaxPointsPerWeight)
 	}

@@ -177,7 +177,7 @@ func TestNewRejects(t *testing.T) {
 		{"zero weight", []Node{{"a", 0}}, "out of range", nil},
 		{"huge weight", []Node{{"a", MaxWeight + 1}}, "out of range", nil},
 		{"density not a multiple of 4", []Node{{"a", 1}}, "points per weight", []Option{WithPointsPerWeight(162)}},
-		{"density zero", []Node{{"a", 1}}, "points per weight", []Option{WithPointsPerWeight(0)}},
+		{"density negative", []Node{{"a", 1}}, "points per weight", []Option{WithPointsPerWeight(-4)}},
 		{"density too high", []Node{{"a", 1}}, "points per weight", []Option{WithPointsPerWeight(MaxPointsPerWeight + 4)}},
 	}
 	for _, tc := range tests {
@@ -186,6 +186,9 @@ func TestNewRejects(t *testing.T) {
 				t.Fatalf("New = %v, want an error mentioning %q", err, tc.want)
 			}
 		})
+	}
+	if d := mustNew(t, []Node{{"a", 1}}, WithPointsPerWeight(0)).PointsPerWeight(); d != PointsPerWeight {
+		t.Fatalf("WithPointsPerWeight(0) gives %d points per weight, want the default %d", d, PointsPerWeight)
 	}
 	r := mustNew(t, nil)
 	if i, id := r.Owner(42); i != -1 || id != "" {

@@ -212,11 +212,7 @@ func openTraceClient(o *traceOptions) (*client.Client, error) {
 		if err != nil {
 			return nil, err
 		}
-		var ropts []ring.Option
-		if o.ringPoints != 0 {
-			ropts = append(ropts, ring.WithPointsPerWeight(o.ringPoints))
-		}
-		if ms, err = client.NewStatic(members, ropts...); err != nil {
+		if ms, err = client.NewStatic(members, ring.WithPointsPerWeight(o.ringPoints)); err != nil {
 			return nil, err
 		}
 	} else {

@@ -129,11 +129,7 @@ func open(o *Options) (*Handle, error) {
 		var points int
 		if members, err = client.ParseMembers(o.Members); err == nil {
 			if points, err = ringPoints(); err == nil {
-				var ropts []ring.Option
-				if points != 0 {
-					ropts = append(ropts, ring.WithPointsPerWeight(points))
-				}
-				ms, err = client.NewStatic(members, ropts...)
+				ms, err = client.NewStatic(members, ring.WithPointsPerWeight(points))
 			}
 		}
 	case MembershipFactory != nil:

@@ -38,8 +38,8 @@ const (
 // validated so a bad value fails dfkv_open_v2 instead of every topology poll.
 func ringPoints() (int, error) {
 	n, err := envInt(envRingPoints, 0)
-	if err != nil || n == 0 {
-		return n, err
+	if err != nil {
+		return 0, err
 	}
 	if _, err := ring.New(nil, ring.WithPointsPerWeight(n)); err != nil {
 		return 0, fmt.Errorf("%s: %w", envRingPoints, err)
