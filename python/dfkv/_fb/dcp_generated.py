@@ -201,6 +201,72 @@ def RecvSegmentEnd(builder):
 
 
 
+class NotifyInfo(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = NotifyInfo()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsNotifyInfo(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # NotifyInfo
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # NotifyInfo
+    def QpNum(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # NotifyInfo
+    def Psn(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # NotifyInfo
+    def RecvCredits(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # NotifyInfo
+    def MaxMsg(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+def NotifyInfoStart(builder):
+    builder.StartObject(4)
+
+def NotifyInfoAddQpNum(builder, qpNum):
+    builder.PrependUint32Slot(0, qpNum, 0)
+
+def NotifyInfoAddPsn(builder, psn):
+    builder.PrependUint32Slot(1, psn, 0)
+
+def NotifyInfoAddRecvCredits(builder, recvCredits):
+    builder.PrependUint32Slot(2, recvCredits, 0)
+
+def NotifyInfoAddMaxMsg(builder, maxMsg):
+    builder.PrependUint32Slot(3, maxMsg, 0)
+
+def NotifyInfoEnd(builder):
+    return builder.EndObject()
+
+
+
 class DcpTail(object):
     __slots__ = ['_tab']
 
@@ -326,8 +392,18 @@ class DcpTail(object):
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return 0
 
+    # DcpTail
+    def Notify(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = NotifyInfo()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
 def DcpTailStart(builder):
-    builder.StartObject(8)
+    builder.StartObject(9)
 
 def DcpTailAddMagic(builder, magic):
     builder.PrependUint32Slot(0, magic, 827343684)
@@ -361,6 +437,9 @@ def DcpTailStartOptionsVector(builder, numElems):
 
 def DcpTailAddMaxTargets(builder, maxTargets):
     builder.PrependUint32Slot(7, maxTargets, 0)
+
+def DcpTailAddNotify(builder, notify):
+    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(notify), 0)
 
 def DcpTailEnd(builder):
     return builder.EndObject()

@@ -291,6 +291,108 @@ func RecvSegmentEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()
 }
 
+type NotifyInfo struct {
+	_tab flatbuffers.Table
+}
+
+func GetRootAsNotifyInfo(buf []byte, offset flatbuffers.UOffsetT) *NotifyInfo {
+	n := flatbuffers.GetUOffsetT(buf[offset:])
+	x := &NotifyInfo{}
+	x.Init(buf, n+offset)
+	return x
+}
+
+func FinishNotifyInfoBuffer(builder *flatbuffers.Builder, offset flatbuffers.UOffsetT) {
+	builder.Finish(offset)
+}
+
+func GetSizePrefixedRootAsNotifyInfo(buf []byte, offset flatbuffers.UOffsetT) *NotifyInfo {
+	n := flatbuffers.GetUOffsetT(buf[offset+flatbuffers.SizeUint32:])
+	x := &NotifyInfo{}
+	x.Init(buf, n+offset+flatbuffers.SizeUint32)
+	return x
+}
+
+func FinishSizePrefixedNotifyInfoBuffer(builder *flatbuffers.Builder, offset flatbuffers.UOffsetT) {
+	builder.FinishSizePrefixed(offset)
+}
+
+func (rcv *NotifyInfo) Init(buf []byte, i flatbuffers.UOffsetT) {
+	rcv._tab.Bytes = buf
+	rcv._tab.Pos = i
+}
+
+func (rcv *NotifyInfo) Table() flatbuffers.Table {
+	return rcv._tab
+}
+
+func (rcv *NotifyInfo) QpNum() uint32 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(4))
+	if o != 0 {
+		return rcv._tab.GetUint32(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *NotifyInfo) MutateQpNum(n uint32) bool {
+	return rcv._tab.MutateUint32Slot(4, n)
+}
+
+func (rcv *NotifyInfo) Psn() uint32 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(6))
+	if o != 0 {
+		return rcv._tab.GetUint32(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *NotifyInfo) MutatePsn(n uint32) bool {
+	return rcv._tab.MutateUint32Slot(6, n)
+}
+
+func (rcv *NotifyInfo) RecvCredits() uint32 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(8))
+	if o != 0 {
+		return rcv._tab.GetUint32(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *NotifyInfo) MutateRecvCredits(n uint32) bool {
+	return rcv._tab.MutateUint32Slot(8, n)
+}
+
+func (rcv *NotifyInfo) MaxMsg() uint32 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(10))
+	if o != 0 {
+		return rcv._tab.GetUint32(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *NotifyInfo) MutateMaxMsg(n uint32) bool {
+	return rcv._tab.MutateUint32Slot(10, n)
+}
+
+func NotifyInfoStart(builder *flatbuffers.Builder) {
+	builder.StartObject(4)
+}
+func NotifyInfoAddQpNum(builder *flatbuffers.Builder, qpNum uint32) {
+	builder.PrependUint32Slot(0, qpNum, 0)
+}
+func NotifyInfoAddPsn(builder *flatbuffers.Builder, psn uint32) {
+	builder.PrependUint32Slot(1, psn, 0)
+}
+func NotifyInfoAddRecvCredits(builder *flatbuffers.Builder, recvCredits uint32) {
+	builder.PrependUint32Slot(2, recvCredits, 0)
+}
+func NotifyInfoAddMaxMsg(builder *flatbuffers.Builder, maxMsg uint32) {
+	builder.PrependUint32Slot(3, maxMsg, 0)
+}
+func NotifyInfoEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
+	return builder.EndObject()
+}
+
 type DcpTail struct {
 	_tab flatbuffers.Table
 }
@@ -455,8 +557,21 @@ func (rcv *DcpTail) MutateMaxTargets(n uint32) bool {
 	return rcv._tab.MutateUint32Slot(18, n)
 }
 
+func (rcv *DcpTail) Notify(obj *NotifyInfo) *NotifyInfo {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(20))
+	if o != 0 {
+		x := rcv._tab.Indirect(o + rcv._tab.Pos)
+		if obj == nil {
+			obj = new(NotifyInfo)
+		}
+		obj.Init(rcv._tab.Bytes, x)
+		return obj
+	}
+	return nil
+}
+
 func DcpTailStart(builder *flatbuffers.Builder) {
-	builder.StartObject(8)
+	builder.StartObject(9)
 }
 func DcpTailAddMagic(builder *flatbuffers.Builder, magic uint32) {
 	builder.PrependUint32Slot(0, magic, 827343684)
@@ -490,6 +605,9 @@ func DcpTailStartOptionsVector(builder *flatbuffers.Builder, numElems int) flatb
 }
 func DcpTailAddMaxTargets(builder *flatbuffers.Builder, maxTargets uint32) {
 	builder.PrependUint32Slot(7, maxTargets, 0)
+}
+func DcpTailAddNotify(builder *flatbuffers.Builder, notify flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(8, flatbuffers.UOffsetT(notify), 0)
 }
 func DcpTailEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

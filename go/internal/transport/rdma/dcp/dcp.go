@@ -66,6 +66,21 @@ type Segment struct {
 	Slots     uint32
 }
 
+// Notify is the sender's native notification QP (on the device and port of Rails[0]); nil
+// in a tail from a peer without native notifications.
+type Notify struct {
+	QPNum       uint32
+	PSN         uint32
+	RecvCredits uint32 // notifications the sender takes in flight
+	MaxMsg      uint32 // largest notification (name + body) the sender accepts
+}
+
+// Notification limits a tail may declare.
+const (
+	MaxNotifyCredits = 4096
+	MaxNotifyMsg     = 1 << 20
+)
+
 // Tail is a decoded DcpTail.
 type Tail struct {
 	Version    uint32
@@ -74,6 +89,7 @@ type Tail struct {
 	MaxTargets uint32
 	Rails      []Rail
 	Segments   []Segment
+	Notify     *Notify
 }
 
 // Limits bound what a peer may declare.
@@ -142,6 +158,15 @@ func encode(t Tail, magic uint32) []byte {
 	}
 	rv := vec(fb.DcpTailStartRailsVector, rails)
 	sv := vec(fb.DcpTailStartSegmentsVector, segs)
+	var nt flatbuffers.UOffsetT
+	if n := t.Notify; n != nil {
+		fb.NotifyInfoStart(b)
+		fb.NotifyInfoAddQpNum(b, n.QPNum)
+		fb.NotifyInfoAddPsn(b, n.PSN)
+		fb.NotifyInfoAddRecvCredits(b, n.RecvCredits)
+		fb.NotifyInfoAddMaxMsg(b, n.MaxMsg)
+		nt = fb.NotifyInfoEnd(b)
+	}
 	fb.DcpTailStart(b)
 	// Force the magic even when it equals the schema default, so it is always on the wire.
 	b.PrependUint32(magic)
@@ -152,6 +177,9 @@ func encode(t Tail, magic uint32) []byte {
 	fb.DcpTailAddRails(b, rv)
 	fb.DcpTailAddSegments(b, sv)
 	fb.DcpTailAddMaxTargets(b, t.MaxTargets)
+	if nt != 0 {
+		fb.DcpTailAddNotify(b, nt)
+	}
 	b.Finish(fb.DcpTailEnd(b))
 	return b.FinishedBytes()
 }
@@ -197,6 +225,9 @@ func decode(buf []byte) (t Tail, magic uint32, err error) {
 		}
 		t.Segments = append(t.Segments, Segment{Addr: s.Addr(), RKey: s.Rkey(), Length: s.Length(), SlotBytes: s.SlotBytes(), Slots: s.Slots()})
 	}
+	if n := x.Notify(nil); n != nil {
+		t.Notify = &Notify{QPNum: n.QpNum(), PSN: n.Psn(), RecvCredits: n.RecvCredits(), MaxMsg: n.MaxMsg()}
+	}
 	return t, magic, nil
 }
 
@@ -237,6 +268,16 @@ func checkCommon(t Tail, magic uint32, lim Limits) error {
 		}
 		if r.GID.IsZero() && r.LID == 0 {
 			return refuse("rail %d has neither GID nor LID", i)
+		}
+	}
+	if n := t.Notify; n != nil {
+		switch {
+		case n.QPNum == 0 || n.QPNum > 1<<24-1 || n.PSN > 1<<24-1:
+			return refuse("notify qp %d psn %d (24 bits, qp > 0)", n.QPNum, n.PSN)
+		case n.RecvCredits == 0 || n.RecvCredits > MaxNotifyCredits:
+			return refuse("notify credits %d (1..%d)", n.RecvCredits, MaxNotifyCredits)
+		case n.MaxMsg == 0 || n.MaxMsg > MaxNotifyMsg:
+			return refuse("notify max message %d (1..%d)", n.MaxMsg, MaxNotifyMsg)
 		}
 	}
 	if t.Version == V1 {
@@ -296,6 +337,9 @@ func DecodeAnswer(buf []byte, offer Tail, lim Limits) (Tail, error) {
 	}
 	if t.Depth > offer.Depth {
 		return Tail{}, refuse("answer depth %d above the offered %d", t.Depth, offer.Depth)
+	}
+	if t.Notify != nil && offer.Notify == nil {
+		return Tail{}, refuse("answer carries a notification QP the offer did not ask for")
 	}
 	if offer.Version == V2 && t.Version == V1 {
 		return t, ErrFallbackV1

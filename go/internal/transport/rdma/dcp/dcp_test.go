@@ -187,3 +187,48 @@ func FuzzDecodeDcpAnswer(f *testing.F) {
 		}
 	})
 }
+
+// TestNotifyInfo: the notification QP survives the round trip in offers and answers, a tail
+// without it decodes as a peer without native notifications, and bad fields are refused.
+func TestNotifyInfo(t *testing.T) {
+	o := offerV2()
+	o.Notify = &Notify{QPNum: 0x42, PSN: 9, RecvCredits: 16, MaxMsg: 65528}
+	got, err := DecodeOffer(Encode(o), DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(o, got); diff != "" {
+		t.Fatal(diff)
+	}
+	a := answerV2(o)
+	a.Notify = &Notify{QPNum: 0x43, PSN: 1, RecvCredits: 8, MaxMsg: 4088}
+	gotA, err := DecodeAnswer(Encode(a), o, DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(a, gotA); diff != "" {
+		t.Fatal(diff)
+	}
+	if got, err := DecodeOffer(Encode(offerV2()), DefaultLimits); err != nil || got.Notify != nil {
+		t.Fatalf("offer without notify: %+v, %v", got.Notify, err)
+	}
+	// An answer may not bring a notification QP the offer did not ask for.
+	if _, err := DecodeAnswer(Encode(a), offerV2(), DefaultLimits); !errors.Is(err, ErrRefused) {
+		t.Fatalf("unasked notify answer: %v", err)
+	}
+	for name, n := range map[string]Notify{
+		"qp 0":        {QPNum: 0, RecvCredits: 1, MaxMsg: 1},
+		"qp 25 bits":  {QPNum: 1 << 24, RecvCredits: 1, MaxMsg: 1},
+		"psn 25 bits": {QPNum: 1, PSN: 1 << 24, RecvCredits: 1, MaxMsg: 1},
+		"no credits":  {QPNum: 1, MaxMsg: 1},
+		"credits":     {QPNum: 1, RecvCredits: MaxNotifyCredits + 1, MaxMsg: 1},
+		"no msg":      {QPNum: 1, RecvCredits: 1},
+		"msg":         {QPNum: 1, RecvCredits: 1, MaxMsg: MaxNotifyMsg + 1},
+	} {
+		o := offerV2()
+		o.Notify = &n
+		if _, err := DecodeOffer(Encode(o), DefaultLimits); !errors.Is(err, ErrRefused) {
+			t.Errorf("%s: %v, want refused", name, err)
+		}
+	}
+}
