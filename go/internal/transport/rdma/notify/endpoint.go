@@ -400,7 +400,7 @@ func (e *Endpoint) complete(gen uint16, recv bool, idx int, wc verbs.WorkComplet
 		}
 		if wc.Status != verbs.StatusSuccess {
 			// The sends still in flight are uncertain: not replayed.
-			if e.state == stateConnected {
+			if e.state != stateTearing { // a teardown's flushes are expected
 				e.h.M.SendErrors.Add(1)
 			}
 			e.failLocked(fmt.Errorf("send completion: %w", wc.Err()))

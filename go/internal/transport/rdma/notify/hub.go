@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 )
@@ -81,7 +82,7 @@ type Hub struct {
 	pctx   context.Context // pollers
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	gate   chan struct{} // test hook: while set, pollers wait before polling
+	gate   atomic.Pointer[chan struct{}] // test hook: while set, pollers wait before polling
 
 	mu       sync.Mutex
 	cqs      []*hubCQ
@@ -160,9 +161,9 @@ func (h *Hub) poll(c *hubCQ) {
 	defer h.wg.Done()
 	var wcs [32]verbs.WorkCompletion
 	for {
-		if g := h.gate; g != nil {
+		if g := h.gate.Load(); g != nil {
 			select {
-			case <-g:
+			case <-*g:
 			case <-h.pctx.Done():
 				return
 			}
