@@ -590,3 +590,24 @@ func (e *Endpoint) InFlight() (sends, recvs int) {
 	defer e.mu.Unlock()
 	return e.inflight, e.posted
 }
+
+// Flush waits (bounded by ctx) until the sends submitted so far have completed, or the
+// endpoint is no longer connected: a teardown right after a Send would flush it unsent.
+func (e *Endpoint) Flush(ctx context.Context) error {
+	for {
+		e.mu.Lock()
+		n, st, w := e.inflight, e.state, e.wake
+		e.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		if st != stateConnected {
+			return ErrNotConnected
+		}
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

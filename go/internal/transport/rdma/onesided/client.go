@@ -7,9 +7,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/notify"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
@@ -59,6 +61,13 @@ type Client struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// Notifications (notify.go).
+	nep        *notify.Endpoint
+	oob        *oob
+	notifier   *notify.Sender
+	readerDone chan struct{}
+	draining   atomic.Bool
 
 	mu     sync.Mutex
 	mrs    mrCache // transient MRs for unregistered caller memory
@@ -113,6 +122,7 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	if cfg.ForceV1 {
 		offer = dcp.Tail{Version: dcp.V1, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, Rails: []dcp.Rail{local}}
 	}
+	c.offerNotify(&offer)
 	if err := writeFrame(boot, frameTail, dcp.Encode(offer), cfg.IOTimeout); err != nil {
 		return nil, fmt.Errorf("onesided: send offer: %w", err)
 	}
@@ -162,6 +172,9 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	if _, err := c.qp.PostRecv(recvs); err != nil {
 		return nil, err
 	}
+	if err := c.answerNotify(ans); err != nil {
+		return nil, err
+	}
 	if c.v1 {
 		c.M.V1ConnsOpened.Add(1)
 	} else {
@@ -185,8 +198,12 @@ func (c *Client) close() error {
 		c.active = false
 		c.M.ActiveConns.Add(-1)
 	}
+	c.closeNotify()
 	if c.boot != nil {
 		c.boot.Close()
+	}
+	if c.readerDone != nil {
+		<-c.readerDone
 	}
 	for _, x := range []interface{ Close() error }{c.qp, c.hdr, c.stage, c.resp} {
 		if x != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/notify"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/wire"
 )
@@ -44,6 +45,8 @@ type Config struct {
 	// AdhocMinBytes: unregistered pieces smaller than this are copied through the staging
 	// slot instead of registered (registration costs more than a small copy); 0 = 16 KiB.
 	AdhocMinBytes int
+	// Notify configures native notifications (notify.go, docs/RDMA.md "Notifications").
+	Notify NotifyConfig
 
 	// shared, set by NewRailServer, is the receive segment every rail's Server registers
 	// on its own PD instead of allocating one.
@@ -164,10 +167,21 @@ type Metrics struct {
 	// PoolFull: a client op found every RDMA connection to its server busy (MaxConns) and
 	// went over TCP.
 	PoolFull atomic.Int64
+	// Notify counts native notifications (dfkv_rdma_notify_*) of the devices and connections
+	// these metrics belong to.
+	Notify notify.Metrics
 }
 
 // Snapshot returns the metrics by their exported names.
 func (m *Metrics) Snapshot() map[string]float64 {
+	s := m.snapshot()
+	for k, v := range m.Notify.Snapshot() {
+		s[k] = v
+	}
+	return s
+}
+
+func (m *Metrics) snapshot() map[string]float64 {
 	return map[string]float64{
 		"dfkv_rdma_v1_conns_opened_total":         float64(m.V1ConnsOpened.Load()),
 		"dfkv_rdma_v2_conns_opened_total":         float64(m.V2ConnsOpened.Load()),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/notify"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 )
 
@@ -35,6 +36,7 @@ type Device struct {
 	mu    sync.Mutex
 	refs  int
 	pools []*poolMR
+	hub   *notify.Hub // notification CQs and endpoints, made by the first connection that offers them
 }
 
 // poolMR is one registered range. refs counts the in-flight ops that use it; UnregisterMemory
@@ -104,6 +106,9 @@ func (d *Device) Release() error {
 	// No connection is left: no QP can touch the pools any more.
 	for _, p := range pools {
 		d.closePool(p)
+	}
+	if d.hub != nil {
+		d.hub.Close()
 	}
 	d.pd.Close()
 	d.m.PDsOpen.Add(-1)

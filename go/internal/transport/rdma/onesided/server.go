@@ -12,6 +12,7 @@ import (
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/notify"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
@@ -34,6 +35,11 @@ type Server struct {
 	pinner  store.Pinner
 	arenaMR verbs.MR
 
+	// Native notifications: the device's shared notification CQs (nil when disabled) and
+	// the live connections' notification sides (Broadcast).
+	hub       *notify.Hub
+	notifiers map[*serverNotify]struct{}
+
 	mu     sync.Mutex
 	closed bool
 	stop   chan struct{}
@@ -47,7 +53,7 @@ func NewServer(cfg Config, engine store.Engine) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, engine: engine, ctx: ctx, port: port, stop: make(chan struct{})}
+	s := &Server{cfg: cfg, engine: engine, ctx: ctx, port: port, stop: make(chan struct{}), notifiers: map[*serverNotify]struct{}{}}
 	if s.pd, err = ctx.AllocPD(); err != nil {
 		ctx.Close()
 		return nil, err
@@ -69,6 +75,11 @@ func NewServer(cfg Config, engine store.Engine) (*Server, error) {
 	}
 	if s.seg == nil {
 		s.seg = newSegment(cfg.SegmentBytes)
+	}
+	if cfg.Notify.Enabled {
+		hc := cfg.Notify.Hub
+		hc.Port, hc.Metrics, hc.Logger = port, &s.M.Notify, cfg.Logger
+		s.hub = notify.NewHub(ctx, s.pd, hc)
 	}
 	// One device and PD serve every connection (QPs and CQs are per connection).
 	s.M.DevicesOpen.Add(1)
@@ -105,6 +116,9 @@ func (s *Server) Close() error {
 	close(s.stop)
 	s.mu.Unlock()
 	s.wg.Wait()
+	if s.hub != nil {
+		s.hub.Close()
+	}
 	if s.arenaMR != nil {
 		s.M.MRPoolBytes.Add(-int64(s.arenaMR.Len()))
 		s.M.MRPoolDeregs.Add(1)
@@ -175,20 +189,24 @@ func (s *Server) serveTail(ctx context.Context, boot net.Conn, kind byte, body [
 // connection's liveness signal), when ctx ends, or when the server stops (Close): the CQ
 // waits of the connection's loop take it, so they wake. The returned stop wakes the boot
 // reader and joins both watchers, so that a Serve that returned left no goroutine behind.
-func (s *Server) watch(ctx context.Context, boot net.Conn) (context.Context, func()) {
+//
+// The reader also takes notifications the client sent over TCP (the fallback), and a
+// native dfkv.bye ends the session as a TCP close does.
+func (s *Server) watch(ctx context.Context, boot net.Conn, sn *serverNotify) (context.Context, func()) {
 	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		var b [1]byte
-		boot.Read(b[:])
+		readNotifyFrames(boot, sn.deliver(s.cfg.Notify.Handler))
 		cancel()
 	}()
 	go func() {
 		defer wg.Done()
 		select {
 		case <-s.stop:
+			cancel()
+		case <-sn.bye:
 			cancel()
 		case <-cctx.Done():
 		}
@@ -297,16 +315,24 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 		Rails: []dcp.Rail{local},
 		Segments: []dcp.Segment{{Addr: s.segMR.Addr() + c.leaseOff, RKey: s.segMR.RKey(), Length: lease,
 			SlotBytes: c.slot, Slots: uint32(c.depth)}}}
+	sn, err := s.acceptNotify(boot, offer, &ans)
+	if err != nil {
+		return s.refuse(boot, err)
+	}
 	if err := writeFrame(boot, frameTail, dcp.Encode(ans), cfg.IOTimeout); err != nil {
+		sn.end(s, false)
 		return fmt.Errorf("onesided: send answer: %w", err)
 	}
 	s.M.V2ConnsOpened.Add(1)
 	s.M.ActiveConns.Add(1)
 	defer s.M.ActiveConns.Add(-1)
 
-	cctx, stop := s.watch(ctx, boot)
-	defer stop()
+	cctx, stop := s.watch(ctx, boot, sn)
+	s.track(sn, true)
 	err = c.loop(cctx)
+	stop()
+	s.track(sn, false)
+	sn.end(s, s.gone(ctx))
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

@@ -63,15 +63,23 @@ func (s *Server) serveV1(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 		return s.refuse(boot, err)
 	}
 	ans := dcp.Tail{Version: dcp.V1, MaxBlock: offer.MaxBlock, Depth: uint32(c.depth), Rails: []dcp.Rail{local}}
+	sn, err := s.acceptNotify(boot, offer, &ans)
+	if err != nil {
+		return s.refuse(boot, err)
+	}
 	if err := writeFrame(boot, frameTail, dcp.Encode(ans), cfg.IOTimeout); err != nil {
+		sn.end(s, false)
 		return fmt.Errorf("onesided: send answer: %w", err)
 	}
 	s.M.V1ConnsOpened.Add(1)
 	s.M.ActiveConns.Add(1)
 	defer s.M.ActiveConns.Add(-1)
-	cctx, stop := s.watch(ctx, boot)
-	defer stop()
+	cctx, stop := s.watch(ctx, boot, sn)
+	s.track(sn, true)
 	err = c.loopV1(cctx)
+	stop()
+	s.track(sn, false)
+	sn.end(s, s.gone(ctx))
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
