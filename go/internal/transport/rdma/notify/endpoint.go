@@ -438,10 +438,10 @@ func (e *Endpoint) complete(gen uint16, recv bool, idx int, wc verbs.WorkComplet
 	e.mu.Unlock()
 	// Deliver before the buffer is reposted: body aliases it.
 	if kind == kindMsg && state == stateConnected {
+		e.h.M.Recvs.Add(1)
 		if h != nil {
 			h(string(name), body)
 		}
-		e.h.M.Recvs.Add(1)
 	}
 	e.mu.Lock()
 	if e.gen != gen || e.state != stateConnected {

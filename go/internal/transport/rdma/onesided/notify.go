@@ -253,7 +253,7 @@ func (sn *serverNotify) deliver(h notify.Handler) func(name string, body []byte)
 // end tells the client the server is going away when it is (not when the client left),
 // then gives the endpoint back.
 func (sn *serverNotify) end(s *Server, serverGone bool) {
-	if serverGone {
+	if serverGone && (sn.ep != nil || sn.sender.AllowFallback) {
 		ctx, cancel := context.WithTimeout(context.Background(), min(s.cfg.IOTimeout, time.Second))
 		if err := sn.sender.Send(ctx, NotifyDrain, nil); err != nil {
 			s.cfg.Logger.Info("rdma: drain notice not sent", "err", err)

@@ -94,6 +94,8 @@ func dialCounting(t *testing.T, cs *countingServer, cfg Config) (*Client, *count
 	t.Cleanup(func() { c.Close() })
 	select {
 	case sc := <-cs.conns:
+		// The counts settle once each end's writes are all read by the other.
+		waitFor(t, "the bootstrap exchange counted", func() bool { return sc.w.Load() == cc.r.Load() && cc.w.Load() == sc.r.Load() })
 		return c, cc, sc
 	case <-time.After(10 * time.Second):
 		t.Fatal("server never accepted")
@@ -135,7 +137,7 @@ func (r *recorder) wait(t *testing.T, name string, n int) [][]byte {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
