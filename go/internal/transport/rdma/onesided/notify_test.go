@@ -110,7 +110,9 @@ type recorder struct {
 	ch   chan struct{}
 }
 
-func newRecorder() *recorder { return &recorder{msgs: map[string][][]byte{}, ch: make(chan struct{}, 1<<12)} }
+func newRecorder() *recorder {
+	return &recorder{msgs: map[string][][]byte{}, ch: make(chan struct{}, 1<<12)}
+}
 
 func (r *recorder) handle(name string, body []byte) {
 	r.mu.Lock()
