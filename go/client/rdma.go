@@ -67,6 +67,13 @@ type RDMAOptions struct {
 	// memory (default 32 MiB); < 0 deregisters every transient MR after its op (memory the
 	// Go runtime does not own, e.g. the C ABI's callers).
 	MRCacheBytes int64
+	// Notify (DFKV_RDMA_NOTIFY=1) offers native notifications on each RDMA connection: the
+	// server's drain notice arrives over RDMA and a draining connection is never reused;
+	// Close says goodbye natively (docs/RDMA.md, "Notifications").
+	Notify bool
+	// NotifyOOBFallback (DFKV_RDMA_NOTIFY_OOB_FALLBACK=1): notifications a server cannot take
+	// natively go over the bootstrap TCP connection instead of failing.
+	NotifyOOBFallback bool
 }
 
 type rdmaState struct {
@@ -432,6 +439,13 @@ func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, s
 		return nil, "", err
 	}
 	r.mu.Lock()
+	// A connection whose server said it is going away (native drain notice) is not reused.
+	drained := r.takeIdleLocked(func(ic idleConn) bool { return ic.oc.Draining() })
+	defer func() {
+		for _, oc := range drained {
+			oc.Close()
+		}
+	}()
 	for i := len(r.idle) - 1; i >= 0; i-- {
 		if r.idle[i].rail != rail {
 			continue
@@ -497,7 +511,7 @@ func (c *Client) pickRail(p *peer) (string, error) {
 // rdmaPut returns oc to p's pool (or closes it past the pool's size).
 func (c *Client) rdmaPut(p *peer, oc *onesided.Client, rail string) {
 	p.rdma.mu.Lock()
-	if !p.rdma.closed && len(p.rdma.idle) < c.opts.PoolSize {
+	if !p.rdma.closed && len(p.rdma.idle) < c.opts.PoolSize && !oc.Draining() {
 		p.rdma.idle = append(p.rdma.idle, idleConn{oc: oc, rail: rail, since: time.Now()})
 		oc = nil
 	} else {
@@ -573,7 +587,8 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *o
 	}
 	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: dev.Name(), Shared: dev,
 		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
-		ForceV1: v1, MRCacheBytes: o.MRCacheBytes})
+		ForceV1: v1, MRCacheBytes: o.MRCacheBytes,
+		Notify: onesided.NotifyConfig{Enabled: o.Notify, OOBFallback: o.NotifyOOBFallback}})
 	switch {
 	case err == nil:
 	case errors.Is(err, dcp.ErrFallbackV1):

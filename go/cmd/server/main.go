@@ -241,9 +241,11 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	if railMon != nil {
 		// A rail whose health moves re-publishes the member: topology_epoch moves.
+		var ann railAnnouncer
 		railMon.Start(func(rs []wire.Rail) {
 			nodeReg.updateRails(rs)
 			serveRecoveredRails(rdmaSrv, rs, log)
+			ann.announce(rdmaSrv, rs, log)
 		})
 	}
 	serveErr := cli.WaitForStop(log, map[string]<-chan error{"listener": errc})

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -32,6 +33,8 @@ type rdmaOptions struct {
 	depth           int
 	healthInterval  time.Duration
 	recoverySamples int
+	notify          bool
+	notifyFallback  bool
 }
 
 func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
@@ -46,6 +49,8 @@ func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
 	fs.StringVar(&o.tiers, "rdma-tiers", "", "selection tiers over --rdma-dev, leftmost preferred: mlx5_0,mlx5_1;mlx5_2 (published in HLT1)")
 	fs.DurationVar(&o.healthInterval, "rdma-health-interval", 2*time.Second, "how often the rails are re-queried (port and link state)")
 	fs.IntVar(&o.recoverySamples, "rdma-health-recovery-samples", 3, "consecutive healthy samples a rail that was down needs before it is healthy again")
+	fs.BoolVar(&o.notify, "rdma-notify", true, "answer a client's native notification QP (drain notices over RDMA, not TCP)")
+	fs.BoolVar(&o.notifyFallback, "rdma-notify-oob-fallback", false, "send a notification a client cannot take natively over its bootstrap TCP connection")
 }
 
 // validate refuses rail flags that cannot work, before anything opens (setupRDMA checks
@@ -143,7 +148,8 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 		}
 	}
 	cfg := onesided.Config{Provider: p, MaxBlock: maxValue, Depth: uint32(max(o.depth, 1)),
-		SegmentBytes: uint64(o.segment), ForceV1: o.serverProtocol == 1, Logger: log}
+		SegmentBytes: uint64(o.segment), ForceV1: o.serverProtocol == 1, Logger: log,
+		Notify: onesided.NotifyConfig{Enabled: o.notify, OOBFallback: o.notifyFallback}}
 	var srv rdmaServing
 	var rs *onesided.RailServer
 	primary := strings.TrimSpace(o.primary)
@@ -208,12 +214,49 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 		mon.Register(reg)
 		if rs != nil {
 			reg.MustRegister(&railConnCollector{rs: rs,
-				opened: prometheus.NewDesc("dfkv_rdma_rail_conns_opened_total", "RDMA connections (v1 and v2) served on the rail.", []string{"rail"}, nil),
-				active: prometheus.NewDesc("dfkv_rdma_rail_active_conns", "RDMA connections open on the rail.", []string{"rail"}, nil),
+				opened:      prometheus.NewDesc("dfkv_rdma_rail_conns_opened_total", "RDMA connections (v1 and v2) served on the rail.", []string{"rail"}, nil),
+				active:      prometheus.NewDesc("dfkv_rdma_rail_active_conns", "RDMA connections open on the rail.", []string{"rail"}, nil),
+				notifySends: prometheus.NewDesc("dfkv_rdma_rail_notify_sends_total", "Native notifications submitted on the rail.", []string{"rail"}, nil),
+				notifyFB:    prometheus.NewDesc("dfkv_rdma_rail_notify_fallbacks_total", "Notifications sent over bootstrap TCP instead (rail's connections).", []string{"rail"}, nil),
+				notifyD:     prometheus.NewDesc("dfkv_rdma_rail_notify_drops_total", "Notification completions dropped (old generation, endpoint gone) on the rail.", []string{"rail"}, nil),
 			})
 		}
 	}
 	return srv, mon, nil
+}
+
+// railAnnouncer tells the RDMA clients connected now when a rail's published health
+// changes (a dfkv.rail notification, natively; over TCP only with the fallback on).
+type railAnnouncer struct {
+	last map[string]uint32 // device -> generation last announced
+}
+
+func (a *railAnnouncer) announce(srv rdmaServing, published []wire.Rail, log *slog.Logger) {
+	b, ok := srv.(interface {
+		Broadcast(ctx context.Context, name string, body []byte) (int, error)
+	})
+	if !ok {
+		return
+	}
+	if a.last == nil {
+		a.last = map[string]uint32{}
+	}
+	for _, r := range published {
+		if g, seen := a.last[r.Device]; seen && g == r.Generation {
+			continue
+		}
+		first := a.last[r.Device] == 0
+		a.last[r.Device] = r.Generation
+		if first && r.Generation <= 1 {
+			continue // the state at start: nothing changed
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		n, err := b.Broadcast(ctx, onesided.NotifyRail, onesided.RailEventBody(r.Device, r.Health.String(), r.Generation))
+		cancel()
+		if err != nil {
+			log.Info("rdma rail event not sent to every connection", "rail", r.Device, "sent", n, "err", err)
+		}
+	}
 }
 
 // serveRecoveredRails starts serving a listed rail that was down at start once it is
@@ -248,19 +291,27 @@ type rdmaServing interface {
 	Close() error
 }
 
-// railConnCollector exports each rail's connection counts.
+// railConnCollector exports each rail's connection counts and native notifications.
 type railConnCollector struct {
-	rs             *onesided.RailServer
-	opened, active *prometheus.Desc
+	rs                             *onesided.RailServer
+	opened, active                 *prometheus.Desc
+	notifySends, notifyFB, notifyD *prometheus.Desc
 }
 
-func (c *railConnCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.opened; ch <- c.active }
+func (c *railConnCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.opened, c.active, c.notifySends, c.notifyFB, c.notifyD} {
+		ch <- d
+	}
+}
 
 func (c *railConnCollector) Collect(ch chan<- prometheus.Metric) {
 	for rail, st := range c.rs.RailStats() {
 		ch <- prometheus.MustNewConstMetric(c.opened, prometheus.CounterValue,
 			st["dfkv_rdma_v1_conns_opened_total"]+st["dfkv_rdma_v2_conns_opened_total"], rail)
 		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, st["dfkv_rdma_active_conns"], rail)
+		ch <- prometheus.MustNewConstMetric(c.notifySends, prometheus.CounterValue, st["dfkv_rdma_notify_sends_total"], rail)
+		ch <- prometheus.MustNewConstMetric(c.notifyFB, prometheus.CounterValue, st["dfkv_rdma_notify_fallbacks_total"], rail)
+		ch <- prometheus.MustNewConstMetric(c.notifyD, prometheus.CounterValue, st["dfkv_rdma_notify_drops_total"], rail)
 	}
 }
 

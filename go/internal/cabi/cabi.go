@@ -443,7 +443,9 @@ func Version() string { return version.Version }
 //
 // applyRDMAEnv reads the RDMA sizing twins: DFKV_RDMA_MAX_BLOCK (declared largest value
 // over RDMA, bytes; larger values use TCP), DFKV_RDMA_DEPTH (requests in flight per
-// connection), DFKV_RDMA_IDLE_TIMEOUT_MS (pooled connections idle this long are closed).
+// connection), DFKV_RDMA_IDLE_TIMEOUT_MS (pooled connections idle this long are closed),
+// DFKV_RDMA_NOTIFY=1 (native notifications), DFKV_RDMA_NOTIFY_OOB_FALLBACK=1 (their TCP
+// fallback).
 func applyRDMAEnv(o *client.RDMAOptions) error {
 	block, err := envInt("DFKV_RDMA_MAX_BLOCK", 0)
 	if err != nil {
@@ -458,6 +460,8 @@ func applyRDMAEnv(o *client.RDMAOptions) error {
 		return err
 	}
 	o.MaxBlock, o.Depth, o.IdleTimeout = uint64(block), uint32(min(depth, 1024)), time.Duration(idle)*time.Millisecond
+	o.Notify = os.Getenv("DFKV_RDMA_NOTIFY") == "1"
+	o.NotifyOOBFallback = os.Getenv("DFKV_RDMA_NOTIFY_OOB_FALLBACK") == "1"
 	return nil
 }
 

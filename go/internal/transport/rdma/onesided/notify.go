@@ -306,3 +306,19 @@ func (s *Server) Broadcast(ctx context.Context, name string, body []byte) (sent 
 	}
 	return sent, err
 }
+
+// Broadcast sends a notification to every connection of every served rail.
+func (r *RailServer) Broadcast(ctx context.Context, name string, body []byte) (sent int, err error) {
+	_, ss := r.served()
+	for _, s := range ss {
+		n, e := s.Broadcast(ctx, name, body)
+		sent += n
+		err = cmp.Or(err, e)
+	}
+	return sent, err
+}
+
+// RailEventBody is a dfkv.rail notification's body: "<device> <health> <generation>".
+func RailEventBody(device, health string, generation uint32) []byte {
+	return fmt.Appendf(nil, "%s %s %d", device, health, generation)
+}

@@ -369,3 +369,56 @@ func TestNotifyEndpointReusedAcrossConnections(t *testing.T) {
 	}
 	_ = verbs.ErrClosed
 }
+
+// TestNotifyRailEvent: a rail event reaches the clients of every rail natively (one on each
+// of two rails), with the body naming the rail, its health and generation; the per-rail
+// stats count one native send on each rail and no fallback.
+func TestNotifyRailEvent(t *testing.T) {
+	sp := softProvider(t, soft.Options{Devices: 2})
+	r, _, err := NewRailServer(Config{Provider: sp, MaxBlock: 1 << 20, Depth: 2, SegmentBytes: 16 << 20,
+		Notify: NotifyConfig{Enabled: true}}, store.NewMem(1<<26), []string{"soft0", "soft1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := startRailServer(t, r)
+	cp := softProvider(t, soft.Options{Devices: 2})
+	var recs []*recorder
+	for _, dev := range []string{"soft0", "soft1"} {
+		rec := newRecorder()
+		boot, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := Dial(boot, Config{Provider: cp, Device: dev, MaxBlock: 1 << 20, Depth: 2,
+			Notify: NotifyConfig{Enabled: true, Handler: rec.handle}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		recs = append(recs, rec)
+	}
+	waitFor(t, "both sessions tracked", func() bool {
+		n := 0
+		_, ss := r.served()
+		for _, s := range ss {
+			s.mu.Lock()
+			n += len(s.notifiers)
+			s.mu.Unlock()
+		}
+		return n == 2
+	})
+	sent, err := r.Broadcast(context.Background(), NotifyRail, RailEventBody("soft1", "RAIL_HEALTH_DOWN", 2))
+	if err != nil || sent != 2 {
+		t.Fatalf("broadcast: %d, %v", sent, err)
+	}
+	for _, rec := range recs {
+		if b := rec.wait(t, NotifyRail, 1); string(b[0]) != "soft1 RAIL_HEALTH_DOWN 2" {
+			t.Fatalf("rail event %q", b[0])
+		}
+	}
+	for rail, st := range r.RailStats() {
+		if st["dfkv_rdma_notify_sends_total"] != 1 || st["dfkv_rdma_notify_fallbacks_total"] != 0 {
+			t.Fatalf("%s: sends %v fallbacks %v", rail, st["dfkv_rdma_notify_sends_total"], st["dfkv_rdma_notify_fallbacks_total"])
+		}
+	}
+}
