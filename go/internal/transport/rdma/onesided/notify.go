@@ -187,10 +187,13 @@ func (c *Client) closeNotify() {
 	if c.nep == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.IOTimeout, time.Second))
-	defer cancel()
-	if c.nep.Send(ctx, NotifyBye, nil) == nil {
-		c.nep.Flush(ctx) // a teardown would flush the SEND before it left
+	if !c.draining.Load() { // a draining server has ended the session already
+		// Short bounds: the TCP close that follows says the same thing.
+		ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.IOTimeout, 200*time.Millisecond))
+		if c.nep.Send(ctx, NotifyBye, nil) == nil {
+			c.nep.Flush(ctx) // a teardown would flush the SEND before it left
+		}
+		cancel()
 	}
 	c.nep.Release()
 }
