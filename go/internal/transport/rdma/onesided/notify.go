@@ -44,7 +44,9 @@ type NotifyConfig struct {
 	// TCP connection instead; unset, it fails (notify.ErrUnsupported / ErrTooLarge).
 	OOBFallback bool
 	// Endpoint shapes each connection's notification QP (credits, send depth, largest
-	// message, bounded waits); its Handler is set by the connection.
+	// message, bounded waits); its Handler is set by the connection. Zero fields take the
+	// connection defaults (endpointDefaults), smaller than the notify package's: a server
+	// has a QP per connection and dfkv's own notices are a few bytes.
 	Endpoint notify.Config
 	// Hub bounds the device's shared notification CQs and registered buffers (the first
 	// connection on a device sets them).
@@ -52,6 +54,21 @@ type NotifyConfig struct {
 	// Handler receives notifications other than dfkv's own. It runs on the device's
 	// notification poller (or the TCP reader): it must not block.
 	Handler notify.Handler
+}
+
+// endpointDefaults: 8 credits, 8 sends in flight, 4 KiB buffers: 20 buffers, 80 KiB
+// registered per connection (larger notifications take the TCP fallback where allowed).
+func endpointDefaults(c notify.Config) notify.Config {
+	if c.Credits == 0 {
+		c.Credits = 8
+	}
+	if c.SendDepth == 0 {
+		c.SendDepth = 8
+	}
+	if c.MaxMsg == 0 {
+		c.MaxMsg = 4096 - notify.HeaderSize
+	}
+	return c
 }
 
 // frameNotify carries a notification on the bootstrap TCP connection (the fallback).
@@ -119,11 +136,11 @@ func (c *Client) offerNotify(offer *dcp.Tail) {
 	if !nc.Enabled {
 		return
 	}
-	ec := nc.Endpoint
+	ec := endpointDefaults(nc.Endpoint)
 	ec.Handler = c.onNotify
 	ep, err := c.dev.notifyHub(nc.Hub).Acquire(ec)
 	if err != nil {
-		c.cfg.Logger.Warn("rdma: no notification endpoint; the connection goes without", "err", err)
+		c.cfg.Logger.Debug("rdma: no notification endpoint; the connection goes without", "err", err)
 		return
 	}
 	c.nep = ep
@@ -221,11 +238,11 @@ func (s *Server) acceptNotify(boot net.Conn, offer dcp.Tail, ans *dcp.Tail) (*se
 		}
 	}
 	if offer.Notify != nil && s.hub != nil {
-		ec := nc.Endpoint
+		ec := endpointDefaults(nc.Endpoint)
 		ec.Handler = handler
 		ep, err := s.hub.Acquire(ec)
 		if err != nil {
-			s.cfg.Logger.Warn("rdma: no notification endpoint for a connection", "err", err)
+			s.cfg.Logger.Debug("rdma: no notification endpoint for a connection", "err", err)
 		} else if err := ep.Connect(*offer.Notify, offer.Rails[0]); err != nil {
 			ep.Close()
 			return nil, err
