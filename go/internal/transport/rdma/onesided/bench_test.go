@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
@@ -53,5 +54,54 @@ func BenchmarkMemory(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkNotifyPingPong: one notification each way per iteration (client Notify, server
+// Broadcast from a goroutine fed by its handler), natively and over the TCP fallback (a
+// server without notification QPs). Over the soft provider "native" runs on the soft NIC,
+// itself sockets and goroutines: the ratio says nothing about hardware.
+func BenchmarkNotifyPingPong(b *testing.B) {
+	for _, native := range []bool{true, false} {
+		name := "tcp-fallback"
+		if native {
+			name = "native"
+		}
+		b.Run(name, func(b *testing.B) {
+			p := softProvider(b, soft.Options{Devices: 2})
+			ping, pong := make(chan struct{}, 1), make(chan struct{}, 1)
+			scfg := Config{Provider: p, Device: "soft0", MaxBlock: 1 << 20, Depth: 2,
+				Notify: NotifyConfig{Enabled: native, OOBFallback: true, Handler: func(string, []byte) { ping <- struct{}{} }}}
+			ts := startServer(b, scfg, store.NewMem(1<<24))
+			c, _ := dial(b, ts, Config{Provider: p, Device: "soft1", MaxBlock: 1 << 20, Depth: 2,
+				Notify: NotifyConfig{Enabled: true, OOBFallback: true, Handler: func(string, []byte) { pong <- struct{}{} }}})
+			if (c.nep != nil) != native {
+				b.Fatalf("native endpoint %v", c.nep != nil)
+			}
+			done := make(chan struct{})
+			defer close(done)
+			go func() {
+				for {
+					select {
+					case <-ping:
+						ts.s.Broadcast(context.Background(), "pong", nil)
+					case <-done:
+						return
+					}
+				}
+			}()
+			ctx := context.Background()
+			b.ResetTimer()
+			for range b.N {
+				if err := c.Notify(ctx, "ping", nil); err != nil {
+					b.Fatal(err)
+				}
+				select {
+				case <-pong:
+				case <-time.After(10 * time.Second):
+					b.Fatal("no pong")
+				}
+			}
+		})
 	}
 }
