@@ -849,3 +849,64 @@ func TestMetricsNames(t *testing.T) {
 		t.Fatal("no drops series")
 	}
 }
+
+// TestSharedCQOverflowBreaksEndpoints: if the shared CQ ever overflowed (here forced by
+// undoing the reservation that prevents it), every endpoint on it fails with ErrBroken
+// instead of hanging or taking wrong completions.
+func TestSharedCQOverflowBreaksEndpoints(t *testing.T) {
+	p := provider(t, soft.Options{})
+	cfg := Config{Credits: 8, SendDepth: 8, TeardownTimeout: 100 * time.Millisecond} // 20 entries each
+	sa, sb := newSide(t, p, HubConfig{InitialCQEntries: 20}), newSide(t, p, HubConfig{})
+	a1 := acquire(t, sa, cfg)
+	sa.hub.mu.Lock()
+	sa.hub.cqs[0].reserved = 0 // the bug this test stands in for
+	sa.hub.mu.Unlock()
+	a2 := acquire(t, sa, cfg)
+	if n, _ := sa.hub.CQs(); n != 1 {
+		t.Fatalf("%d CQs", n)
+	}
+	b1, b2 := acquire(t, sb, cfg), acquire(t, sb, cfg)
+	connect(t, a1, b1, sa, sb)
+	connect(t, a2, b2, sa, sb)
+	gate := make(chan struct{})
+	sa.hub.gate.Store(&gate)
+	for range 8 {
+		for _, a := range []*Endpoint{a1, a2} {
+			if err := a.Send(context.Background(), "n", nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// 16 send completions (and returned credits) on a CQ of 20 entries.
+	eventually(t, "the completions", func() bool {
+		s1, _ := a1.InFlight()
+		s2, _ := a2.InFlight()
+		return s1 == 8 && s2 == 8
+	})
+	for range 3 { // and a few more: the peers answer
+		if err := b1.Send(context.Background(), "m", nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := b2.Send(context.Background(), "m", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Their sends completed: a1's and a2's receive completions are queued behind the gate.
+	eventually(t, "the peers' sends acknowledged", func() bool {
+		s1, _ := b1.InFlight()
+		s2, _ := b2.InFlight()
+		return s1 == 0 && s2 == 0
+	})
+	sa.hub.gate.Store(nil)
+	close(gate)
+	for _, a := range []*Endpoint{a1, a2} {
+		eventually(t, "the endpoint broken", func() bool {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.state == stateBroken
+		})
+		if err := a.Send(context.Background(), "n", nil); !errors.Is(err, ErrBroken) {
+			t.Fatalf("send after overflow: %v", err)
+		}
+	}
+}
