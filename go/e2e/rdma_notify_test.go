@@ -3,11 +3,13 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
 )
 
 // TestRDMANotifyDrain: a Go client with native notifications (RDMAOptions.Notify) against a
@@ -56,5 +58,65 @@ func TestRDMANotifyDrain(t *testing.T) {
 	}
 	if !strings.Contains(snap(), "dfkv_rdma_notify_fallbacks_total 0") {
 		t.Fatalf("fallback used:\n%s", snap())
+	}
+}
+
+// TestRDMANotifyRailEvent: a real dfkv_server on soft0 and soft1; a Go client with native
+// notifications connected on soft0. The server's soft1 port goes down and comes back: each
+// published health change (down, quarantined, healthy) reaches the client as a native
+// dfkv.rail notification on its soft0 connection; the server counts the sends on soft0.
+func TestRDMANotifyRailEvent(t *testing.T) {
+	dir := t.TempDir()
+	faults := filepath.Join(dir, "soft-faults")
+	if err := soft.WriteFaults(faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(soft.FaultsEnv, faults)
+	s := startServer(t, filepath.Join(dir, "node"), "--cap", "256MiB", "--max-msg", "4MiB",
+		"--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1", "--rdma-segment", "64MiB",
+		"--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", "2")
+	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rail"), IOTimeout: 10 * time.Second,
+		RDMA: &client.RDMAOptions{Provider: "soft", Device: "soft0", Notify: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	v := rnd(300000, 1)
+	if err := c.Put(context.Background(), []byte("k"), v); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(v))
+	if err := c.Get(context.Background(), []byte("k"), got); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("get: %v", err)
+	}
+	if c.TransportMode() != "rdma" {
+		t.Fatalf("mode %q", c.TransportMode())
+	}
+	recvs := func() float64 { return snapMetric(t, c.Snapshot(), "dfkv_rdma_notify_recvs_total") }
+	if n := recvs(); n != 0 {
+		t.Fatalf("%v notifications before any change", n)
+	}
+	if err := soft.WriteFaults(faults, "soft1 port down\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the rail-down event", func() bool { return recvs() >= 1 })
+	if err := soft.WriteFaults(faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	// Down -> Quarantined -> Healthy: three events in all.
+	waitFor(t, 10*time.Second, "the recovery events", func() bool { return recvs() >= 3 })
+	if n := snapMetric(t, c.Snapshot(), "dfkv_rdma_notify_fallbacks_total"); n != 0 {
+		t.Fatalf("%v fallbacks", n)
+	}
+	if n := railMetric(t, s, "dfkv_rdma_rail_notify_sends_total", "soft0"); n != 3 {
+		t.Fatalf("server sent %v notifications on soft0, want 3", n)
+	}
+	// The data path still works on soft0 afterwards.
+	if err := c.Get(context.Background(), []byte("k"), got); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("get after the events: %v", err)
 	}
 }
