@@ -101,6 +101,7 @@ type Endpoint struct {
 	freeCredit []int
 	inflight   int // send WRs not yet completed
 	posted     int // receive WRs not yet completed
+	dirty      bool // a teardown timed out: completions of this id may still arrive
 }
 
 func (e *Endpoint) nRecv() int { return e.cfg.Credits + reserve }
@@ -140,7 +141,7 @@ func (h *Hub) Acquire(cfg Config) (*Endpoint, error) {
 		h.M.CapacityFailures.Add(1)
 		return nil, fmt.Errorf("%w: %d buffer bytes needed, %d of %d registered", ErrCapacity, bytes, h.bufBytes, h.cfg.MaxBufferBytes)
 	}
-	if h.nextID >= maxID {
+	if h.nextID >= maxID && len(h.freeIDs) == 0 {
 		h.mu.Unlock()
 		h.M.CapacityFailures.Add(1)
 		return nil, fmt.Errorf("%w: endpoint ids used up", ErrCapacity)
@@ -153,8 +154,17 @@ func (h *Hub) Acquire(cfg Config) (*Endpoint, error) {
 		}
 		return nil, err
 	}
-	h.nextID++
-	e.id, e.cq = h.nextID, c
+	if n := len(h.freeIDs); n > 0 {
+		// A closed endpoint's id, in the generation after its last: nothing of it can
+		// still be on a CQ (its teardown drained), and a late completion would not match.
+		f := h.freeIDs[n-1]
+		h.freeIDs = h.freeIDs[:n-1]
+		e.id, e.gen = f.id, f.gen
+	} else {
+		h.nextID++
+		e.id = h.nextID
+	}
+	e.cq = c
 	h.bufBytes += bytes
 	h.eps[e.id] = e
 	h.mu.Unlock()
@@ -498,7 +508,11 @@ func (e *Endpoint) teardown(final epState) {
 				continue
 			case <-deadline.C:
 			}
-			// Their completions may still come: keep their CQ entries reserved for good.
+			// Their completions may still come: keep their CQ entries reserved for good
+			// (and the endpoint id out of reuse).
+			e.mu.Lock()
+			e.dirty = true
+			e.mu.Unlock()
 			e.h.mu.Lock()
 			e.cq.reserved += left
 			e.h.mu.Unlock()
@@ -553,7 +567,7 @@ func (e *Endpoint) Close() error {
 	if e.state != stateClosed { // a concurrent teardown finished into idle
 		e.state = stateClosed
 	}
-	mr, buf := e.mr, e.buf
+	mr, buf, dirty, gen := e.mr, e.buf, e.dirty, e.gen
 	e.mr, e.buf = nil, nil
 	e.mu.Unlock()
 	h := e.h
@@ -570,6 +584,9 @@ func (e *Endpoint) Close() error {
 		}
 	}
 	e.cq.reserved -= e.need
+	if !dirty {
+		h.freeIDs = append(h.freeIDs, freeID{id: e.id, gen: gen})
+	}
 	bytes := int64(e.bufSz) * int64(e.cfg.Credits+e.cfg.SendDepth+2*reserve)
 	h.bufBytes -= bytes
 	h.mu.Unlock()

@@ -89,8 +89,14 @@ type Hub struct {
 	eps      map[uint32]*Endpoint
 	idle     []*Endpoint
 	nextID   uint32
+	freeIDs  []freeID // ids of closed endpoints whose teardown drained, with their next generation
 	bufBytes int64
 	closed   bool
+}
+
+type freeID struct {
+	id  uint32
+	gen uint16
 }
 
 // hubCQ is one shared CQ and the entries endpoints reserved on it.

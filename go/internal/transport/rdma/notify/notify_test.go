@@ -855,43 +855,30 @@ func TestMetricsNames(t *testing.T) {
 // instead of hanging or taking wrong completions.
 func TestSharedCQOverflowBreaksEndpoints(t *testing.T) {
 	p := provider(t, soft.Options{})
-	cfg := Config{Credits: 8, SendDepth: 8, TeardownTimeout: 100 * time.Millisecond} // 20 entries each
-	sa, sb := newSide(t, p, HubConfig{InitialCQEntries: 20}), newSide(t, p, HubConfig{})
+	cfg := Config{Credits: 8, SendDepth: 1, TeardownTimeout: 100 * time.Millisecond} // 13 entries each
+	sa, sb := newSide(t, p, HubConfig{InitialCQEntries: 13}), newSide(t, p, HubConfig{})
 	a1 := acquire(t, sa, cfg)
 	sa.hub.mu.Lock()
 	sa.hub.cqs[0].reserved = 0 // the bug this test stands in for
 	sa.hub.mu.Unlock()
 	a2 := acquire(t, sa, cfg)
-	if n, _ := sa.hub.CQs(); n != 1 {
-		t.Fatalf("%d CQs", n)
+	if n, entries := sa.hub.CQs(); n != 1 || entries != 13 {
+		t.Fatalf("%d CQs of %d entries", n, entries)
 	}
 	b1, b2 := acquire(t, sb, cfg), acquire(t, sb, cfg)
 	connect(t, a1, b1, sa, sb)
 	connect(t, a2, b2, sa, sb)
 	gate := make(chan struct{})
 	sa.hub.gate.Store(&gate)
+	// 16 notifications into a1 and a2 (all their credits): 16 receive completions queued
+	// behind the held poller on a CQ of 13.
 	for range 8 {
-		for _, a := range []*Endpoint{a1, a2} {
-			if err := a.Send(context.Background(), "n", nil); err != nil {
+		for _, b := range []*Endpoint{b1, b2} {
+			if err := b.Send(context.Background(), "m", nil); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	// 16 send completions (and returned credits) on a CQ of 20 entries.
-	eventually(t, "the completions", func() bool {
-		s1, _ := a1.InFlight()
-		s2, _ := a2.InFlight()
-		return s1 == 8 && s2 == 8
-	})
-	for range 3 { // and a few more: the peers answer
-		if err := b1.Send(context.Background(), "m", nil); err != nil {
-			t.Fatal(err)
-		}
-		if err := b2.Send(context.Background(), "m", nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Their sends completed: a1's and a2's receive completions are queued behind the gate.
 	eventually(t, "the peers' sends acknowledged", func() bool {
 		s1, _ := b1.InFlight()
 		s2, _ := b2.InFlight()
@@ -909,4 +896,36 @@ func TestSharedCQOverflowBreaksEndpoints(t *testing.T) {
 			t.Fatalf("send after overflow: %v", err)
 		}
 	}
+}
+
+// TestClosedIDReused: a closed endpoint's id is reused in the generation after its last
+// (ids do not run out under connection churn); an id whose teardown left completions
+// behind is never reused.
+func TestClosedIDReused(t *testing.T) {
+	p := provider(t, soft.Options{})
+	sa, sb := newSide(t, p, HubConfig{MaxIdle: -1}), newSide(t, p, HubConfig{})
+	cfg := Config{TeardownTimeout: 50 * time.Millisecond}
+	a := acquire(t, sa, cfg)
+	id, gen := a.ID(), a.Generation()
+	a.Close()
+	a2 := acquire(t, sa, cfg)
+	if a2 == a || a2.ID() != id || a2.Generation() != gen+1 {
+		t.Fatalf("id %d gen %d, want %d %d", a2.ID(), a2.Generation(), id, gen+1)
+	}
+	b := acquire(t, sb, cfg)
+	connect(t, a2, b, sa, sb)
+	if err := a2.Send(context.Background(), "n", nil); err != nil {
+		t.Fatal(err)
+	}
+	// The poller held: the teardown cannot drain, so this id stays out of reuse.
+	gate := make(chan struct{})
+	sa.hub.gate.Store(&gate)
+	a2.Close()
+	sa.hub.gate.Store(nil)
+	close(gate)
+	a3 := acquire(t, sa, cfg)
+	if a3.ID() == id {
+		t.Fatalf("id %d reused though its teardown left completions", id)
+	}
+	eventually(t, "the old completions dropped", func() bool { return sa.hub.M.Drops.Load() > 0 })
 }
