@@ -99,8 +99,8 @@ type Endpoint struct {
 	unreported int // messages received and reposted, credits not yet returned
 	freeSend   []int
 	freeCredit []int
-	inflight   int // send WRs not yet completed
-	posted     int // receive WRs not yet completed
+	inflight   int  // send WRs not yet completed
+	posted     int  // receive WRs not yet completed
 	dirty      bool // a teardown timed out: completions of this id may still arrive
 }
 
