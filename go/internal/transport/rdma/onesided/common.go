@@ -164,6 +164,10 @@ type Metrics struct {
 	// PoolFull: a client op found every RDMA connection to its server busy (MaxConns) and
 	// went over TCP.
 	PoolFull atomic.Int64
+	// StaleCompletions: completions whose wr_id carries another QP generation (a late
+	// completion of an earlier connection), dropped instead of delivered (docs/RDMA.md,
+	// "Generation fencing").
+	StaleCompletions atomic.Int64
 }
 
 // Snapshot returns the metrics by their exported names.
@@ -197,6 +201,7 @@ func (m *Metrics) Snapshot() map[string]float64 {
 		"dfkv_rdma_mr_pool_bytes":                 float64(m.MRPoolBytes.Load()),
 		"dfkv_rdma_idle_reclaims_total":           float64(m.IdleReclaims.Load()),
 		"dfkv_rdma_pool_full_total":               float64(m.PoolFull.Load()),
+		"dfkv_rdma_stale_completions_total":       float64(m.StaleCompletions.Load()),
 	}
 }
 

@@ -45,6 +45,12 @@ type Fault struct {
 	CompStatus verbs.WCStatus
 	// Delay holds every send completion of the device's QPs this long (a slow ACK).
 	Delay time.Duration
+	// StaleWCs is how many stale completions to inject: at each of the device's next
+	// post_sends on a QP in RTS, a copy of the last successful send completion of another
+	// (earlier) QP of the device lands on the posting QP's send CQ first, as a late
+	// completion of an old QP generation does on a CQ a reconnect reuses. Counted from
+	// each reload; nothing is injected until another QP has completed a signaled send.
+	StaleWCs int
 }
 
 // ParseFaults decodes a fault file: one directive per line, '#' starts a comment.
@@ -53,6 +59,7 @@ type Fault struct {
 //	<device> query fail|ok
 //	<device> comp_err <count> [<ibv_wc_status number>]   (default 12, retry exceeded)
 //	<device> delay <duration>                            (e.g. 250ms; 0 clears)
+//	<device> stale_wc <count>                            (old-generation completions)
 //
 // Later lines win. Anything else is an error naming the line.
 func ParseFaults(text string) (map[string]Fault, error) {
@@ -125,8 +132,17 @@ func ParseFaults(text string) (map[string]Fault, error) {
 				return nil, bad("duration must be 0..1m")
 			}
 			st.Delay = d
+		case "stale_wc":
+			if len(f) != 3 {
+				return nil, bad("want stale_wc <count>")
+			}
+			n, err := strconv.Atoi(f[2])
+			if err != nil || n < 0 || n > 1<<20 {
+				return nil, bad("count must be 0..1048576")
+			}
+			st.StaleWCs = n
 		default:
-			return nil, bad("unknown directive (port, query, comp_err, delay)")
+			return nil, bad("unknown directive (port, query, comp_err, delay, stale_wc)")
 		}
 		out[dev] = st
 	}
@@ -228,6 +244,23 @@ func (f *faultFile) takeCompErr(dev string) (verbs.WCStatus, bool) {
 	st.CompErrors--
 	f.faults[dev] = st
 	return st.CompStatus, true
+}
+
+// takeStaleWC consumes one injected stale completion of dev, if any is left and ok.
+func (f *faultFile) takeStaleWC(dev string, ok func() bool) bool {
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refreshLocked()
+	st, found := f.faults[dev]
+	if !found || st.StaleWCs == 0 || !ok() {
+		return false
+	}
+	st.StaleWCs--
+	f.faults[dev] = st
+	return true
 }
 
 // ParseDevices parses a DevicesEnv value: 0 when empty, else 1..MaxDevices.

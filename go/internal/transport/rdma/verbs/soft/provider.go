@@ -172,6 +172,27 @@ type device struct {
 	pds     int                   // protection domains allocated and not closed
 	inbound map[net.Conn]struct{} // accepted streams not yet bound to a QP
 	done    chan struct{}         // closed when the last context closes
+
+	lastMu sync.Mutex // a leaf lock (taken under a QP's mu)
+	lastWC *verbs.WorkCompletion
+}
+
+// recordWC remembers the device's last successful send completion (the stale_wc fault
+// replays it on another QP).
+func (d *device) recordWC(wc verbs.WorkCompletion) {
+	d.lastMu.Lock()
+	d.lastWC = &wc
+	d.lastMu.Unlock()
+}
+
+// lastWCOfOther returns the last recorded send completion when another QP than qpn made it.
+func (d *device) lastWCOfOther(qpn uint32) (verbs.WorkCompletion, bool) {
+	d.lastMu.Lock()
+	defer d.lastMu.Unlock()
+	if d.lastWC == nil || d.lastWC.QPNum == qpn {
+		return verbs.WorkCompletion{}, false
+	}
+	return *d.lastWC, true
 }
 
 // fault is the device's injected state (zero without a fault file).
