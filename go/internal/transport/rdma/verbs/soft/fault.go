@@ -23,7 +23,32 @@ const (
 	// FaultsEnv names the fault file (see ParseFaults), read by the binaries into
 	// Options.FaultFile. Test-only: production never sets it.
 	FaultsEnv = "DFKV_SOFT_RDMA_FAULTS"
+	// NUMAEnv gives the devices NUMA nodes ("0,1,0,1": softN gets entry N; see
+	// ParseNUMANodes), read by the binaries into Options.NUMANodes. Test-only.
+	NUMAEnv = "DFKV_SOFT_RDMA_NUMA"
 )
+
+// ParseNUMANodes parses a NUMAEnv value: nil when empty, else up to MaxDevices node
+// numbers 0..1023, comma separated ("-1": unknown).
+func ParseNUMANodes(v string) ([]int, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return nil, nil
+	}
+	parts := strings.Split(v, ",")
+	if len(parts) > MaxDevices {
+		return nil, fmt.Errorf("soft: %s: %d entries (max %d)", NUMAEnv, len(parts), MaxDevices)
+	}
+	out := make([]int, 0, len(parts))
+	for _, f := range parts {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < -1 || n > 1023 {
+			return nil, fmt.Errorf("soft: %s=%q: want node numbers -1..1023", NUMAEnv, v)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
 
 // MaxDevices bounds the devices one soft provider creates.
 const MaxDevices = 64

@@ -314,3 +314,31 @@ func TestFaultQueryFailAndBadFile(t *testing.T) {
 		t.Fatal("soft1 still failing without a fault file")
 	}
 }
+
+func TestParseNUMANodes(t *testing.T) {
+	got, err := ParseNUMANodes(" 0, 1,-1 ")
+	if err != nil || len(got) != 3 || got[0] != 0 || got[1] != 1 || got[2] != -1 {
+		t.Fatalf("%v %v", got, err)
+	}
+	if got, err := ParseNUMANodes(""); got != nil || err != nil {
+		t.Fatalf("empty: %v %v", got, err)
+	}
+	for _, bad := range []string{"x", "0,,1", "-2", "1024", strings.Repeat("0,", MaxDevices) + "0"} {
+		if _, err := ParseNUMANodes(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	p, err := New(Options{Devices: 3, NUMANodes: []int{1, 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, err := p.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{1, 0, -1} {
+		if infos[i].NUMANode != want {
+			t.Errorf("%s: node %d, want %d", infos[i].Name, infos[i].NUMANode, want)
+		}
+	}
+}
