@@ -132,7 +132,9 @@ func (c *Client) probeRail(p *peer, rail string, stop <-chan struct{}) bool {
 		return false
 	}
 	op := &onesided.Op{Kind: fb.OpExist, Tenant: c.tenant, ID: identity.ObjectID{Hi: rand.Uint64(), Lo: rand.Uint64()}}
-	if err := oc.Do(ctx, []*onesided.Op{op}); err != nil {
+	err := oc.Do(ctx, []*onesided.Op{op})
+	c.railAccount(rail, oc, nil, 0, err) // stale completions the fresh QP dropped, a completion error
+	if err != nil {
 		c.rdmaDrop(p, oc)
 		return false
 	}
