@@ -6,6 +6,7 @@ import (
 	"errors"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -76,9 +77,22 @@ func TestRDMARailsFourSpreadAndNUMA(t *testing.T) {
 // every tier-0 credit is held fails with a timeout, again without touching tier 1, and the
 // server is not cooled.
 func TestRDMARailsCongestionStaysInTier(t *testing.T) {
-	r := startRailRig(t, "e2e-crails-g", "--rdma-dev", "soft0,soft1,soft2,soft3", "--rdma-tiers", "soft0,soft1;soft2,soft3")
-	tier1 := []string{"soft2", "soft3"}
-	c := r.client(t, client.RDMAOptions{Devices: fourRails, Tiers: [][]string{{"soft0", "soft1"}, tier1}, RailCredits: 1, Depth: 2})
+	for _, tc := range []struct {
+		name         string
+		tier0, tier1 []string
+	}{
+		{"two-rails", []string{"soft0"}, []string{"soft1"}},
+		{"four-rails", []string{"soft0", "soft1"}, []string{"soft2", "soft3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testCongestionStaysInTier(t, tc.tier0, tc.tier1) })
+	}
+}
+
+func testCongestionStaysInTier(t *testing.T, tier0, tier1 []string) {
+	all := append(append([]string(nil), tier0...), tier1...)
+	r := startRailRig(t, "e2e-crails-g"+strconv.Itoa(len(all)), "--rdma-dev", strings.Join(all, ","),
+		"--rdma-tiers", strings.Join(tier0, ",")+";"+strings.Join(tier1, ","))
+	c := r.client(t, client.RDMAOptions{Devices: all, Tiers: [][]string{tier0, tier1}, RailCredits: 1, Depth: 2})
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
@@ -105,8 +119,8 @@ func TestRDMARailsCongestionStaysInTier(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if w := railSum(t, c, "dfkv_rdma_client_rail_credit_waits_total", fourRails); w < 1 {
-		t.Fatalf("eight writers on two one-credit rails never waited (%v): no congestion tested", w)
+	if w := railSum(t, c, "dfkv_rdma_client_rail_credit_waits_total", all); w < 1 {
+		t.Fatalf("eight writers on one-credit rails never waited (%v): no congestion tested", w)
 	}
 	if n := railSum(t, c, "dfkv_rdma_client_rail_ops_total", tier1) + railSum(t, c, "dfkv_rdma_client_rail_conns_opened_total", tier1); n != 0 {
 		t.Fatalf("congestion on tier 0 produced tier-1 traffic (%v ops + conns)", n)
@@ -116,31 +130,36 @@ func TestRDMARailsCongestionStaysInTier(t *testing.T) {
 			t.Fatalf("server %s served %v connections", rail, n)
 		}
 	}
-	if got := railSum(t, c, "dfkv_rdma_client_rail_ops_total", []string{"soft0", "soft1"}); got != 80 {
+	if got := railSum(t, c, "dfkv_rdma_client_rail_ops_total", tier0); got != 80 {
 		t.Fatalf("tier 0 carried %v ops, want 80", got)
 	}
 	if n := r.s.requests(fb.OpPut) + r.s.requests(fb.OpGet); n != 0 {
 		t.Fatalf("%v PUT/GET over TCP", n)
 	}
 
-	// Hold both tier-0 credits with two slow batches (the client's tier-0 completions are
-	// delayed), then an op with a short deadline: it times out waiting for a credit.
-	items := make([]client.Item, 8)
+	// Hold every tier-0 credit with slow batches (the client's tier-0 send completions are
+	// delayed 150 ms each, so a chunk of 20 GETs fills its send queue and crawls), then an
+	// op with a short deadline: it times out waiting; it never takes a tier-1 rail.
+	items := make([]client.Item, 80)
 	for i := range items {
-		items[i] = client.Item{Key: []byte("gh" + strconv.Itoa(i)), Value: rnd(64<<10, uint64(500+i))}
+		items[i] = client.Item{Key: []byte("gh" + strconv.Itoa(i)), Value: rnd(16<<10, uint64(500+i))}
 	}
 	if err := c.BatchPut(ctx, items); err != nil {
 		t.Fatal(err)
 	}
 	faults := filepath.Join(r.dir, "client-faults")
-	if err := soft.WriteFaults(faults, "soft0 delay 150ms\nsoft1 delay 150ms\n"); err != nil {
+	slow := ""
+	for _, rail := range tier0 {
+		slow += rail + " delay 150ms\n"
+	}
+	if err := soft.WriteFaults(faults, slow); err != nil {
 		t.Fatal(err)
 	}
 	used := func() float64 {
-		return railSum(t, c, "dfkv_rdma_client_rail_credits_in_use", []string{"soft0", "soft1"})
+		return railSum(t, c, "dfkv_rdma_client_rail_credits_in_use", tier0)
 	}
 	var bg sync.WaitGroup
-	for range 2 {
+	for range len(tier0) {
 		bg.Add(1)
 		go func() {
 			defer bg.Done()
@@ -153,7 +172,7 @@ func TestRDMARailsCongestionStaysInTier(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 10*time.Second, "both tier-0 credits held", func() bool { return used() == 2 })
+	waitFor(t, 10*time.Second, "every tier-0 credit held", func() bool { return used() == float64(len(tier0)) })
 	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	err := c.Put(sctx, []byte("g-late"), rnd(1000, 1))
 	cancel()
@@ -186,11 +205,17 @@ func TestRDMARailsCongestionStaysInTier(t *testing.T) {
 // injected late completion of an old QP generation waiting for the next QP) a probe
 // recovers soft0 — the stale completion is dropped and counted — and traffic returns to it.
 func TestRDMARailsFailMidBatchProbeRecover(t *testing.T) {
-	r := startRailRig(t, "e2e-crails-h", "--rdma-dev", "soft0,soft1,soft2,soft3")
-	c := r.client(t, client.RDMAOptions{Devices: fourRails, Primary: "soft0", Depth: 2,
+	for _, rails := range [][]string{fourRails[:2], fourRails} {
+		t.Run(strconv.Itoa(len(rails))+"-rails", func(t *testing.T) { testFailMidBatchProbeRecover(t, rails) })
+	}
+}
+
+func testFailMidBatchProbeRecover(t *testing.T, rails []string) {
+	r := startRailRig(t, "e2e-crails-h"+strconv.Itoa(len(rails)), "--rdma-dev", strings.Join(rails, ","))
+	c := r.client(t, client.RDMAOptions{Devices: rails, Primary: "soft0", Depth: 2,
 		RailQuarantine: time.Minute, RailProbeInterval: 100 * time.Millisecond})
 	faults := filepath.Join(r.dir, "client-faults")
-	others := []string{"soft1", "soft2", "soft3"}
+	others := rails[1:]
 	ctx := context.Background()
 	const n, size = 32, 1 << 20
 	items := make([]client.Item, n)
