@@ -235,6 +235,7 @@ func testFailMidBatchProbeRecover(t *testing.T, rails []string) {
 		gets[i] = client.Item{Key: items[i].Key, Buf: make([]byte, size)}
 	}
 	served := r.s.metric("dfkv_rdma_v2_get_writes_total")
+	soft0Ops := clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft0")
 	done := make(chan error, 1)
 	go func() { done <- c.BatchGet(ctx, gets, client.Exact) }()
 	waitFor(t, 30*time.Second, "the batch GET under way", func() bool { return r.s.metric("dfkv_rdma_v2_get_writes_total") >= served+4 })
@@ -249,9 +250,11 @@ func testFailMidBatchProbeRecover(t *testing.T, rails []string) {
 			t.Fatalf("item %d: %v, equal %v", i, gets[i].Err, bytes.Equal(gets[i].Buf, items[i].Value))
 		}
 	}
+	// Exactly the items soft0 did not complete were replayed.
 	replayed := railSum(t, c, "dfkv_rdma_client_rail_replayed_ops_total", others)
-	if replayed < 1 || replayed > n-4 {
-		t.Fatalf("%v GETs replayed; want only the unfinished ones (1..%d)", replayed, n-4)
+	onSoft0 := clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft0") - soft0Ops
+	if replayed < 1 || replayed+onSoft0 != n {
+		t.Fatalf("%v GETs replayed, %v completed on soft0; want the unfinished ones only (sum %d)", replayed, onSoft0, n)
 	}
 	if q, e := clientRail(t, c, "dfkv_rdma_client_rail_quarantines_total", "soft0"), clientRail(t, c, "dfkv_rdma_client_rail_completion_errors_total", "soft0"); q != 1 || e != 1 {
 		t.Fatalf("soft0: %v quarantines, %v completion errors (want 1, 1)", q, e)
@@ -268,6 +271,7 @@ func testFailMidBatchProbeRecover(t *testing.T, rails []string) {
 	}
 	written := r.s.metric("dfkv_rdma_v2_put_writes_total")
 	replayed0 := railSum(t, c, "dfkv_rdma_client_rail_replayed_ops_total", others)
+	soft0Ops = clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft0")
 	// Slow soft0's completions so that the port goes down while the chunks are in flight.
 	if err := soft.WriteFaults(faults, "soft0 delay 100ms\n"); err != nil {
 		t.Fatal(err)
@@ -302,8 +306,10 @@ func testFailMidBatchProbeRecover(t *testing.T, rails []string) {
 			t.Fatalf("ambiguous item %d: %v (want the connection's error)", i, puts[i].Err)
 		}
 	}
-	if got := railSum(t, c, "dfkv_rdma_client_rail_replayed_ops_total", others) - replayed0; got < 1 || got > float64(n-4-failed) {
-		t.Fatalf("%v PUTs replayed; want the never-posted ones only (1..%d)", got, n-4-failed)
+	// Every item is exactly one of: completed on soft0, ambiguous (failed), replayed.
+	onSoft0 = clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft0") - soft0Ops
+	if got := railSum(t, c, "dfkv_rdma_client_rail_replayed_ops_total", others) - replayed0; got < 1 || got+onSoft0+float64(failed) != n {
+		t.Fatalf("%v PUTs replayed, %v completed on soft0, %d ambiguous; want the never-posted ones only (sum %d)", got, onSoft0, failed, n)
 	}
 	if got := r.s.requests(fb.OpPut) + r.s.requests(fb.OpBatchPut) + r.s.requests(fb.OpGet) + r.s.requests(fb.OpBatchGet); got != 0 {
 		t.Fatalf("%v requests over TCP", got)
