@@ -56,6 +56,7 @@ soft3 stale_wc 2
 func FuzzParseFaults(f *testing.F) {
 	f.Add("soft0 port down\nsoft1 comp_err 2 12\nsoft1 delay 10ms\n")
 	f.Add("soft0 query fail # x")
+	f.Add("soft1 stale_wc 3\nsoft1 stale_wc 0")
 	f.Fuzz(func(t *testing.T, s string) {
 		m, err := ParseFaults(s)
 		if err != nil {
