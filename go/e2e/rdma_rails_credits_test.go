@@ -229,10 +229,13 @@ func testFailMidBatchProbeRecover(t *testing.T, rails []string) {
 		t.Fatalf("primary healthy, yet %v ops elsewhere", got)
 	}
 
-	// (1) Completion error mid batch GET.
+	// (1) Completion error mid batch GET (odd items scattered into three segments).
 	gets := make([]client.Item, n)
 	for i := range gets {
 		gets[i] = client.Item{Key: items[i].Key, Buf: make([]byte, size)}
+		if i%2 == 1 {
+			gets[i] = client.Item{Key: items[i].Key, Segs: [][]byte{make([]byte, 300000), make([]byte, 400000), make([]byte, size-700000)}}
+		}
 	}
 	served := r.s.metric("dfkv_rdma_v2_get_writes_total")
 	soft0Ops := clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft0")
@@ -246,8 +249,12 @@ func testFailMidBatchProbeRecover(t *testing.T, rails []string) {
 		t.Fatalf("batch get: %v", err)
 	}
 	for i := range gets {
-		if gets[i].Err != nil || !bytes.Equal(gets[i].Buf, items[i].Value) {
-			t.Fatalf("item %d: %v, equal %v", i, gets[i].Err, bytes.Equal(gets[i].Buf, items[i].Value))
+		got := gets[i].Buf
+		if gets[i].Segs != nil {
+			got = bytes.Join(gets[i].Segs, nil)
+		}
+		if gets[i].Err != nil || !bytes.Equal(got, items[i].Value) {
+			t.Fatalf("item %d: %v, equal %v", i, gets[i].Err, bytes.Equal(got, items[i].Value))
 		}
 	}
 	// Exactly the items soft0 did not complete were replayed.
