@@ -568,6 +568,10 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *o
 		c.setTCPReason("the transport's connections cannot carry the RDMA bootstrap")
 		return nil
 	}
+	// A caller that gives up (a context ending, Close stopping a rail probe) interrupts the
+	// bootstrap by closing its connection; a connection closed that way is never pooled.
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	defer stop()
 	pc.nc.SetDeadline(time.Now().Add(c.opts.IOTimeout))
 	req := wire.Request{Op: fb.OpRdmaBootstrap}
 	var resp wire.Response
@@ -600,6 +604,12 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *o
 	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: dev.Name(), Shared: dev,
 		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
 		ForceV1: v1, MRCacheBytes: o.MRCacheBytes})
+	if !stop() { // the context ended during the bootstrap: not the rail's nor the server's fault
+		if err == nil {
+			oc.Close()
+		}
+		return nil
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, dcp.ErrFallbackV1):
