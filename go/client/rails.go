@@ -132,6 +132,15 @@ type railMetrics struct {
 	quarantines *prometheus.CounterVec
 	replays     *prometheus.CounterVec
 	noRail      prometheus.Counter
+	// docs/RDMA.md §4: credits, probing, fencing, per-rail traffic.
+	credits     *prometheus.GaugeVec
+	creditWaits *prometheus.CounterVec
+	probes      *prometheus.CounterVec
+	recoveries  *prometheus.CounterVec
+	compErrors  *prometheus.CounterVec
+	bytes       *prometheus.CounterVec
+	stale       *prometheus.CounterVec
+	ambiguous   *prometheus.CounterVec
 }
 
 func newRailMetrics(reg prometheus.Registerer) *railMetrics {
@@ -147,7 +156,20 @@ func newRailMetrics(reg prometheus.Registerer) *railMetrics {
 		noRail: prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_rdma_client_no_compatible_rail_total",
 			Help: "Ops sent over TCP because no compatible RDMA rail was usable (peer health untouched)."}),
 	}
-	reg.MustRegister(m.conns, m.ops, m.quarantines, m.replays, m.noRail)
+	vec := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"rail"})
+	}
+	m.credits = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_rdma_client_rail_credits_in_use",
+		Help: "Credits in use per local rail (connections carrying a window), all servers."}, []string{"rail"})
+	m.creditWaits = vec("dfkv_rdma_client_rail_credit_waits_total", "Ops that waited for a credit of this rail's tier and got one on this rail.")
+	m.probes = vec("dfkv_rdma_client_rail_probes_total", "Probes of this rail while it was quarantined towards a server.")
+	m.recoveries = vec("dfkv_rdma_client_rail_recoveries_total", "Quarantines of this rail ended by a successful probe.")
+	m.compErrors = vec("dfkv_rdma_client_rail_completion_errors_total", "RDMA connections on this rail broken by a failed work completion.")
+	m.bytes = vec("dfkv_rdma_client_rail_bytes_total", "Value bytes moved over this rail (PUT sources, GET results).")
+	m.stale = vec("dfkv_rdma_client_rail_stale_completions_total", "Completions of an older QP generation dropped on this rail.")
+	m.ambiguous = vec("dfkv_rdma_client_rail_ambiguous_writes_total", "PUT/REMOVE ops possibly submitted on this rail when it broke: returned as errors, never replayed.")
+	reg.MustRegister(m.conns, m.ops, m.quarantines, m.replays, m.noRail, m.credits, m.creditWaits, m.probes,
+		m.recoveries, m.compErrors, m.bytes, m.stale, m.ambiguous)
 	return m
 }
 
@@ -159,16 +181,21 @@ func (r *peerRDMA) quarantined(rail string, now time.Time) bool {
 	return ok && now.Before(t)
 }
 
-// quarantine avoids rail towards this peer for d and closes its idle connections there.
-func (r *peerRDMA) quarantine(rail string, d time.Duration) {
+// quarantine avoids rail towards this peer for d and closes its idle connections there;
+// it reports whether the rail was not quarantined before (a new quarantine, counted).
+func (r *peerRDMA) quarantine(rail string, d time.Duration) bool {
+	now := time.Now()
 	r.mu.Lock()
 	if r.quar == nil {
 		r.quar = map[string]time.Time{}
 	}
-	r.quar[rail] = time.Now().Add(d)
+	until, was := r.quar[rail]
+	fresh := !was || !now.Before(until)
+	r.quar[rail] = now.Add(d)
 	drop := r.takeIdleLocked(func(ic idleConn) bool { return ic.rail == rail })
 	r.mu.Unlock()
 	for _, oc := range drop {
 		oc.Close()
 	}
+	return fresh
 }

@@ -43,8 +43,25 @@ type RDMAOptions struct {
 	// Tiers (DFKV_RDMA_TIERS=a,b;c) ranks Devices: a lower tier is used only when no rail of
 	// a higher one is usable. Against a server that publishes no rails, tiers fail closed.
 	Tiers [][]string
-	// RailQuarantine is how long a rail that broke towards a server is avoided (default 10 s).
+	// RailQuarantine is how long a rail that broke towards a server is avoided at most
+	// (default 10 s); a successful probe ends it sooner.
 	RailQuarantine time.Duration
+	// RailProbeInterval is how often a quarantined rail is probed (a fresh connection and
+	// one EXIST; default 1 s; < 0 disables probing: only the timer ends a quarantine).
+	RailProbeInterval time.Duration
+	// RailCredits is each rail's credit budget towards one server: connections in use on
+	// it, each a window of up to Depth requests (default MaxConns, else the pool size).
+	// With a whitelist, an op that finds every rail of its tier at the budget waits
+	// (bounded by its context and IOTimeout, then ErrTimeout); it never moves to a lower
+	// tier or to TCP for congestion (docs/RDMA.md §4, "Credits and backpressure").
+	RailCredits int
+	// NUMA (DFKV_RDMA_NUMA=1) prefers, inside the chosen tier, rails whose device is on
+	// NUMANode (AutoNUMANode: the node of the CPU that calls New).
+	NUMA     bool
+	NUMANode int
+	// SoftNUMANodes gives the soft provider's devices NUMA nodes (softN gets entry N; the
+	// C ABI maps DFKV_SOFT_RDMA_NUMA). Tests only.
+	SoftNUMANodes []int
 	// SoftDevices and SoftFaultFile are the soft provider's device count (at least one per
 	// softN named) and its test-only fault file (soft.ParseFaults); the C ABI maps
 	// DFKV_SOFT_RDMA_DEVICES and DFKV_SOFT_RDMA_FAULTS. Ignored by other providers.
@@ -58,7 +75,8 @@ type RDMAOptions struct {
 	// client that a server answers with v1 reconnects offering v1 on its own.
 	ForceV1 bool
 	// MaxConns bounds the RDMA connections to one server (default Options.PoolSize); an op
-	// that finds them all busy goes over TCP.
+	// that finds them all busy goes over TCP. With a rail whitelist the per-rail credits
+	// (RailCredits) bound them instead and a busy rail makes the op wait.
 	MaxConns int
 	// IdleTimeout: a pooled RDMA connection idle this long is closed (QP and CQs destroyed,
 	// the server's receive-segment lease returned); default 60 s.
@@ -88,6 +106,7 @@ type rdmaState struct {
 
 	rc railConfig   // rail policy (validated in New)
 	rm *railMetrics // per-rail series
+	rx railState    // NUMA view, probers
 
 	used   atomic.Bool
 	reason atomic.Pointer[string]
@@ -101,6 +120,10 @@ type rdmaState struct {
 // registerRDMAMetrics adds the client's dfkv_rdma_* series to its stats snapshot.
 func (c *Client) registerRDMAMetrics() {
 	c.rdma.rm = newRailMetrics(c.m.reg)
+	c.rdma.rx.numaNode = c.opts.RDMA.NUMANode
+	if c.rdma.rx.numaNode < 0 {
+		c.rdma.rx.numaNode = callerNUMANode()
+	}
 	for name := range c.rdma.m.Snapshot() {
 		n := name
 		f := func() float64 { return c.rdma.m.Snapshot()[n] }
@@ -123,6 +146,7 @@ type peerRDMA struct {
 	rr      uint32                      // round robin over the chosen tier's rails
 	dialing int                         // bootstraps in progress (count against MaxConns)
 	closed  bool
+	px      railPeerState // credits, probers (railcredits.go, railprobe.go)
 }
 
 type idleConn struct {
@@ -212,6 +236,7 @@ func (c *Client) startJanitor() {
 func (c *Client) stopRDMA() {
 	s := &c.rdma
 	s.janitorOnce.Do(func() {}) // none started: none will be
+	c.stopProbes()
 	if s.stopJanitor != nil {
 		close(s.stopJanitor)
 		<-s.janitorDone
@@ -232,7 +257,8 @@ func (c *Client) rdmaProvider() (verbs.Provider, error) {
 					n = max(n, i+1)
 				}
 			}
-			s.prov, s.provErr = soft.New(soft.Options{Devices: max(n, c.opts.RDMA.SoftDevices), FaultFile: c.opts.RDMA.SoftFaultFile})
+			s.prov, s.provErr = soft.New(soft.Options{Devices: max(n, c.opts.RDMA.SoftDevices, len(c.opts.RDMA.SoftNUMANodes)),
+				FaultFile: c.opts.RDMA.SoftFaultFile, NUMANodes: c.opts.RDMA.SoftNUMANodes})
 		default:
 			s.provErr = fmt.Errorf("rdma provider %q (want ibverbs or soft)", c.opts.RDMA.Provider)
 		}
@@ -432,12 +458,20 @@ func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, s
 		return nil, "", nil
 	}
 	r.mu.Unlock()
-	rail, err := c.pickRail(p)
+	rail, err := c.acquireRail(ctx, p) // a rail and one of its credits (none without a whitelist)
 	if err != nil {
-		c.rdma.rm.noRail.Inc()
-		c.setTCPReason(fmt.Sprintf("server %s: %v", p.addr, err))
+		if errors.Is(err, ErrNoCompatibleRail) {
+			c.rdma.rm.noRail.Inc()
+			c.setTCPReason(fmt.Sprintf("server %s: %v", p.addr, err))
+		}
 		return nil, "", err
 	}
+	var oc *onesided.Client
+	defer func() {
+		if oc == nil {
+			c.releaseRail(p, rail)
+		}
+	}()
 	r.mu.Lock()
 	// A connection whose server said it is going away (native drain notice) is not reused.
 	drained := r.takeIdleLocked(func(ic idleConn) bool { return ic.oc.Draining() })
@@ -450,7 +484,7 @@ func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, s
 		if r.idle[i].rail != rail {
 			continue
 		}
-		oc := r.idle[i].oc
+		oc = r.idle[i].oc
 		r.idle = slices.Delete(r.idle, i, i+1)
 		r.mu.Unlock()
 		return oc, rail, nil
@@ -459,7 +493,7 @@ func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, s
 	if maxConns <= 0 {
 		maxConns = c.opts.PoolSize
 	}
-	if len(r.all)+r.dialing >= maxConns {
+	if rail == "" && len(r.all)+r.dialing >= maxConns {
 		r.mu.Unlock()
 		c.rdma.m.PoolFull.Add(1)
 		return nil, "", nil // every RDMA connection to p is busy: this op goes over TCP
@@ -472,7 +506,7 @@ func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, s
 		r.dialing--
 		r.mu.Unlock()
 	}()
-	oc := c.rdmaDial(ctx, p, rail, v1)
+	oc = c.rdmaDial(ctx, p, rail, v1)
 	if oc == nil && !v1 && p.rdma.speaksV1() {
 		// The server answered v1: never change protocol on that QP; open a fresh connection
 		// offering v1.
@@ -485,31 +519,19 @@ func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, s
 // selection"): "" without a whitelist; else the primary when it is in the highest usable
 // tier, else round robin over that tier.
 func (c *Client) pickRail(p *peer) (string, error) {
-	rc := &c.rdma.rc
-	if len(rc.devices) == 0 {
+	if len(c.rdma.rc.devices) == 0 {
 		return "", nil
 	}
-	var published []wire.Rail
-	if rp, ok := c.opts.Membership.(railPublisher); ok {
-		published, _ = rp.PublishedRails(p.addr)
-	}
-	now := time.Now()
-	cands, err := rc.candidates(published, func(d string) bool { return !p.rdma.quarantined(d, now) })
+	order, err := c.railOrder(p)
 	if err != nil {
 		return "", err
 	}
-	if cands[0] == rc.primary {
-		return cands[0], nil
-	}
-	p.rdma.mu.Lock()
-	i := p.rdma.rr
-	p.rdma.rr++
-	p.rdma.mu.Unlock()
-	return cands[int(i%uint32(len(cands)))], nil
+	return order[0], nil
 }
 
 // rdmaPut returns oc to p's pool (or closes it past the pool's size).
 func (c *Client) rdmaPut(p *peer, oc *onesided.Client, rail string) {
+	c.releaseRail(p, rail)
 	p.rdma.mu.Lock()
 	if !p.rdma.closed && len(p.rdma.idle) < c.opts.PoolSize && !oc.Draining() {
 		p.rdma.idle = append(p.rdma.idle, idleConn{oc: oc, rail: rail, since: time.Now()})
@@ -526,8 +548,12 @@ func (c *Client) rdmaPut(p *peer, oc *onesided.Client, rail string) {
 // rdmaDrop closes a broken connection of p's pool.
 func (c *Client) rdmaDrop(p *peer, oc *onesided.Client) {
 	p.rdma.mu.Lock()
+	rail, ok := p.rdma.all[oc]
 	delete(p.rdma.all, oc)
 	p.rdma.mu.Unlock()
+	if ok {
+		c.releaseRail(p, rail)
+	}
 	oc.Close()
 }
 
@@ -556,6 +582,10 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *o
 		c.setTCPReason("the transport's connections cannot carry the RDMA bootstrap")
 		return nil
 	}
+	// A caller that gives up (a context ending, Close stopping a rail probe) interrupts the
+	// bootstrap by closing its connection; a connection closed that way is never pooled.
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	defer stop()
 	pc.nc.SetDeadline(time.Now().Add(c.opts.IOTimeout))
 	req := wire.Request{Op: fb.OpRdmaBootstrap}
 	var resp wire.Response
@@ -589,6 +619,12 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *o
 		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
 		ForceV1: v1, MRCacheBytes: o.MRCacheBytes,
 		Notify: onesided.NotifyConfig{Enabled: o.Notify, OOBFallback: o.NotifyOOBFallback}})
+	if !stop() { // the context ended during the bootstrap: not the rail's nor the server's fault
+		if err == nil {
+			oc.Close()
+		}
+		return nil
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, dcp.ErrFallbackV1):
@@ -630,9 +666,11 @@ func (c *Client) quarantineRail(p *peer, rail string) {
 	if d <= 0 {
 		d = defaultRailQuarantine
 	}
-	p.rdma.quarantine(rail, d)
-	c.rdma.rm.quarantines.WithLabelValues(rail).Inc()
-	c.opts.Logger.Warn("dfkv: rdma rail quarantined for a server", "server", p.addr, "rail", rail, "for", d)
+	if p.rdma.quarantine(rail, d) {
+		c.rdma.rm.quarantines.WithLabelValues(rail).Inc()
+		c.opts.Logger.Warn("dfkv: rdma rail quarantined for a server", "server", p.addr, "rail", rail, "for", d)
+	}
+	c.startProbe(p, rail)
 }
 
 func (c *Client) markTCP(p *peer, why string) {
@@ -648,38 +686,39 @@ func (c *Client) rdmaExec(ctx context.Context, p *peer, op *onesided.Op) (handle
 	return c.rdmaDo(ctx, p, []*onesided.Op{op})
 }
 
-// replayable: reads may run again on another rail; a PUT or REMOVE that may have been
-// submitted must not (its outcome is unknown, not known to be undone).
-func replayable(ops []*onesided.Op) bool {
-	for _, o := range ops {
-		if o.Kind != fb.OpGet && o.Kind != fb.OpExist {
-			return false
-		}
-	}
-	return true
-}
-
 // rdmaDo runs ops as one window on one RDMA connection to p (up to the negotiated depth in
 // flight, replies in order); handled is false when p is served over TCP. On a broken
-// connection its rail is quarantined towards p; GET/EXIST windows replay only their
-// unfinished ops on another usable rail (completed ones keep their bytes); otherwise the
-// ops not completed keep Status Unavailable and err says why. Every wait inside is bounded
-// by the I/O timeout (one deadline for the whole call, replays included) and by ctx.
+// connection its rail is quarantined towards p and the unfinished ops that may run again
+// (splitReplay: reads, and writes known not to have been submitted) are replayed on
+// another usable rail (completed ones keep their bytes); a write that may have been
+// submitted keeps Status Unavailable and err says why. Every wait inside is bounded by
+// the I/O timeout (one deadline for the whole call, replays included) and by ctx. With a
+// rail whitelist, an op that finds its tier's rails out of credits waits (acquireRail) and
+// fails with ErrTimeout when the wait runs out: it never spills to a lower tier or to TCP.
 func (c *Client) rdmaDo(ctx context.Context, p *peer, ops []*onesided.Op) (handled bool, err error) {
-	oc, rail, _ := c.rdmaConn(ctx, p)
+	oc, rail, cerr := c.rdmaConn(ctx, p)
 	if oc == nil {
+		if cerr != nil && !errors.Is(cerr, ErrNoCompatibleRail) {
+			for _, o := range ops { // credits never came: nothing was submitted
+				o.Status = fb.StatusUnavailable
+			}
+			return true, cerr
+		}
 		return false, nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, c.opts.IOTimeout)
 	defer cancel()
 	pending := ops
+	var ambErr error // set when some write may have been submitted on a rail that broke
 	for {
+		stale0 := oc.StaleDropped()
 		derr := oc.Do(dctx, pending)
+		c.railAccount(rail, oc, pending, stale0, derr)
 		if derr == nil {
 			c.rdma.rm.ops.WithLabelValues(rail).Add(float64(len(pending)))
 			p.markHealthy()
 			c.rdmaPut(p, oc, rail)
-			return true, nil
+			return true, ambErr
 		}
 		c.rdmaDrop(p, oc)
 		if cerr := ctx.Err(); cerr != nil {
@@ -694,12 +733,17 @@ func (c *Client) rdmaDo(ctx context.Context, p *peer, ops []*onesided.Op) (handl
 		c.rdma.rm.ops.WithLabelValues(rail).Add(float64(len(pending) - len(rest)))
 		if dctx.Err() == nil && rail != "" {
 			c.quarantineRail(p, rail)
-			if replayable(rest) {
+			replay, amb := splitReplay(rest)
+			c.rdma.rm.ambiguous.WithLabelValues(rail).Add(float64(amb))
+			if len(replay) > 0 {
 				if noc, nrail, _ := c.rdmaConn(dctx, p); noc != nil && nrail != rail {
-					c.rdma.rm.replays.WithLabelValues(nrail).Add(float64(len(rest)))
-					c.opts.Logger.Info("dfkv: rdma rail broke; replaying unfinished reads on another rail",
-						"server", p.addr, "from", rail, "to", nrail, "ops", len(rest), "err", derr)
-					oc, rail, pending = noc, nrail, rest
+					if amb > 0 {
+						ambErr = ioErr(p.addr, derr)
+					}
+					c.rdma.rm.replays.WithLabelValues(nrail).Add(float64(len(replay)))
+					c.opts.Logger.Info("dfkv: rdma rail broke; replaying unfinished work on another rail",
+						"server", p.addr, "from", rail, "to", nrail, "ops", len(replay), "ambiguous", amb, "err", derr)
+					oc, rail, pending = noc, nrail, replay
 					continue
 				} else if noc != nil {
 					c.rdmaPut(p, noc, nrail)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -161,6 +162,10 @@ func open(o *Options) (*Handle, error) {
 				return nil, err
 			}
 			copts.RDMA.SoftDevices, copts.RDMA.SoftFaultFile = n, os.Getenv(soft.FaultsEnv)
+			if copts.RDMA.SoftNUMANodes, err = soft.ParseNUMANodes(os.Getenv(soft.NUMAEnv)); err != nil {
+				ms.Close()
+				return nil, err
+			}
 		}
 		if err := applyRDMAEnv(copts.RDMA); err != nil {
 			ms.Close()
@@ -462,6 +467,42 @@ func applyRDMAEnv(o *client.RDMAOptions) error {
 	o.MaxBlock, o.Depth, o.IdleTimeout = uint64(block), uint32(min(depth, 1024)), time.Duration(idle)*time.Millisecond
 	o.Notify = os.Getenv("DFKV_RDMA_NOTIFY") == "1"
 	o.NotifyOOBFallback = os.Getenv("DFKV_RDMA_NOTIFY_OOB_FALLBACK") == "1"
+	return applyRailEnv(o)
+}
+
+// applyRailEnv reads the rail twins (docs/RDMA.md §4): DFKV_RDMA_NUMA (1 = prefer rails on
+// the caller's NUMA node inside the chosen tier, 0 = off), DFKV_RDMA_NUMA_NODE (the
+// caller's node; default: the node of the CPU that opens the handle),
+// DFKV_RDMA_RAIL_CREDITS (connections in use per rail and server),
+// DFKV_RDMA_RAIL_PROBE_MS (probe interval of a quarantined rail; 0 = default, -1 = off).
+func applyRailEnv(o *client.RDMAOptions) error {
+	switch v := strings.TrimSpace(os.Getenv("DFKV_RDMA_NUMA")); v {
+	case "", "0":
+	case "1":
+		o.NUMA = true
+	default:
+		return fmt.Errorf("DFKV_RDMA_NUMA=%q: want 0 or 1", v)
+	}
+	o.NUMANode = client.AutoNUMANode
+	if v := strings.TrimSpace(os.Getenv("DFKV_RDMA_NUMA_NODE")); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 1023 {
+			return fmt.Errorf("DFKV_RDMA_NUMA_NODE=%q: want a node number 0..1023", v)
+		}
+		o.NUMANode = n
+	}
+	credits, err := envInt("DFKV_RDMA_RAIL_CREDITS", 0)
+	if err != nil {
+		return err
+	}
+	o.RailCredits = min(credits, 1<<16)
+	if v := strings.TrimSpace(os.Getenv("DFKV_RDMA_RAIL_PROBE_MS")); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < -1 || n > 3_600_000 {
+			return fmt.Errorf("DFKV_RDMA_RAIL_PROBE_MS=%q: want -1 (off), 0 (default) or 1..3600000", v)
+		}
+		o.RailProbeInterval = time.Duration(n) * time.Millisecond
+	}
 	return nil
 }
 

@@ -258,3 +258,43 @@ func TestRDMARailEnv(t *testing.T) {
 		})
 	}
 }
+
+// DFKV_RDMA_NUMA / _NUMA_NODE / _RAIL_CREDITS / _RAIL_PROBE_MS map onto RDMAOptions; a
+// malformed value refuses the open with the variable's name.
+func TestRDMARailTuningEnv(t *testing.T) {
+	t.Setenv("DFKV_RDMA_NUMA", "1")
+	t.Setenv("DFKV_RDMA_NUMA_NODE", "1")
+	t.Setenv("DFKV_RDMA_RAIL_CREDITS", "3")
+	t.Setenv("DFKV_RDMA_RAIL_PROBE_MS", "-1")
+	var o client.RDMAOptions
+	if err := applyRailEnv(&o); err != nil {
+		t.Fatal(err)
+	}
+	if !o.NUMA || o.NUMANode != 1 || o.RailCredits != 3 || o.RailProbeInterval != -time.Millisecond {
+		t.Fatalf("%+v", o)
+	}
+	t.Setenv("DFKV_RDMA_NUMA", "0")
+	t.Setenv("DFKV_RDMA_NUMA_NODE", "")
+	t.Setenv("DFKV_RDMA_RAIL_PROBE_MS", "250")
+	o = client.RDMAOptions{}
+	if err := applyRailEnv(&o); err != nil {
+		t.Fatal(err)
+	}
+	if o.NUMA || o.NUMANode != client.AutoNUMANode || o.RailProbeInterval != 250*time.Millisecond {
+		t.Fatalf("%+v", o)
+	}
+	for env, bad := range map[string]string{
+		"DFKV_RDMA_NUMA":          "yes",
+		"DFKV_RDMA_NUMA_NODE":     "-2",
+		"DFKV_RDMA_RAIL_CREDITS":  "0",
+		"DFKV_RDMA_RAIL_PROBE_MS": "soon",
+	} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, bad)
+			err := applyRailEnv(&client.RDMAOptions{})
+			if err == nil || !strings.Contains(err.Error(), env) {
+				t.Fatalf("%s=%s: %v", env, bad, err)
+			}
+		})
+	}
+}

@@ -32,6 +32,11 @@ type Op struct {
 	Status   wire.Status
 	ValueLen uint64
 	N        int
+	// Posted: the WR that makes the server act on this op (a v2 request's WRITE_WITH_IMM,
+	// a v1 SEND) was handed to the QP. An op left Unavailable with Posted false is known
+	// not to have reached the server (docs/RDMA.md, "Replay contract"); with Posted true it
+	// may have run.
+	Posted bool
 }
 
 // Client is one v2 RDMA connection. Not safe for concurrent use: one owner drives its
@@ -55,6 +60,8 @@ type Client struct {
 	resp     verbs.MR
 	M        *Metrics
 	active   bool
+	gen      uint32 // this QP's generation: the high half of every wr_id it posts (fencing)
+	staleN   atomic.Int64
 	v1       bool   // DCP1: requests and replies by SEND/RECV
 	slotB    uint64 // slot bytes (v2: the lease's; v1: the receive buffers')
 	respB    int    // bytes per reply buffer (v2: a prefix; v1: a slot)
@@ -84,7 +91,7 @@ type Client struct {
 // offering v1); a refusal yields ErrRefused with the server's reason.
 func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	cfg.defaults()
-	c := &Client{cfg: cfg, depth: int(cfg.Depth), boot: boot, M: cfg.Metrics}
+	c := &Client{cfg: cfg, depth: int(cfg.Depth), boot: boot, M: cfg.Metrics, gen: nextGen()}
 	if c.M == nil {
 		c.M = new(Metrics)
 	}
@@ -164,7 +171,7 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	}
 	recvs := make([]verbs.RecvWR, c.depth)
 	for i := range recvs {
-		recvs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{verbs.SGEOf(c.resp, i*c.respB, c.respB)}}
+		recvs[i] = verbs.RecvWR{ID: c.wrID(i), SGL: []verbs.SGE{verbs.SGEOf(c.resp, i*c.respB, c.respB)}}
 	}
 	if err := verbs.Connect(c.qp, port.Num, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, local.Endpoint(), ans.Rails[0].Endpoint()); err != nil {
 		return nil, err
@@ -271,7 +278,7 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 	}
 	// Until its reply arrives an op reads Unavailable, never a zero-value Ok.
 	for _, op := range ops {
-		op.Status, op.ValueLen, op.N = fb.StatusUnavailable, 0, 0
+		op.Status, op.ValueLen, op.N, op.Posted = fb.StatusUnavailable, 0, 0, false
 	}
 	var window []pending
 	defer func() { // a broken connection: what was in flight lets go of its transient MRs
@@ -343,7 +350,7 @@ func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
 			}
 			sgl = []verbs.SGE{verbs.SGEOf(c.stage, slot*int(c.slotB), int(total))}
 		}
-		wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWrite, SGL: sgl,
+		wrs = append(wrs, verbs.SendWR{ID: c.wrID(slot), Opcode: verbs.OpWrite, SGL: sgl,
 			RemoteAddr: remote + dcp.SlotPayloadOffset, RKey: c.seg.RKey})
 		c.M.V2PutWrites.Add(1)
 	case fb.OpGet:
@@ -395,14 +402,14 @@ func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
 		return p, fmt.Errorf("onesided: op %s not supported over RDMA", op.Kind)
 	}
 	req.Encode(hdr)
-	wrs = append(wrs, verbs.SendWR{ID: uint64(slot), Opcode: verbs.OpWriteWithImm, Flags: verbs.SendSignaled,
+	wrs = append(wrs, verbs.SendWR{ID: c.wrID(slot), Opcode: verbs.OpWriteWithImm, Flags: verbs.SendSignaled,
 		SGL: []verbs.SGE{verbs.SGEOf(c.hdr, slot*dcp.SlotPayloadOffset, hdrLen)}, RemoteAddr: remote, RKey: c.seg.RKey, Imm: uint32(slot)})
-	return p, c.postWRs(ctx, slot, wrs)
+	return p, c.postWRs(ctx, op, slot, wrs)
 }
 
 // postWRs posts one request's WRs once the send queue has room for them (as on hardware,
 // entries come back only with polled completions), and advances the slot.
-func (c *Client) postWRs(ctx context.Context, slot int, wrs []verbs.SendWR) error {
+func (c *Client) postWRs(ctx context.Context, op *Op, slot int, wrs []verbs.SendWR) error {
 	if c.sqUsed+len(wrs) > c.sqMax {
 		wctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
 		defer cancel()
@@ -418,7 +425,11 @@ func (c *Client) postWRs(ctx context.Context, slot int, wrs []verbs.SendWR) erro
 			}
 		}
 	}
-	if _, err := c.qp.PostSend(wrs); err != nil {
+	// The last WR is the one the server acts on: an op is posted once it is queued (a
+	// failed post queues none from the failing WR on).
+	n, err := c.qp.PostSend(wrs)
+	op.Posted = n >= len(wrs)
+	if err != nil {
 		return fmt.Errorf("%w: post: %w", ErrBroken, err)
 	}
 	c.sqUsed += len(wrs)
@@ -486,6 +497,9 @@ func (c *Client) reapSend() error {
 			return err
 		}
 		for _, wc := range wcs[:n] {
+			if c.stale(wc) {
+				continue
+			}
 			c.M.Completions.Add(1)
 			if wc.Status != verbs.StatusSuccess {
 				countError(c.M, wc)
@@ -495,7 +509,7 @@ func (c *Client) reapSend() error {
 			if c.v1 {
 				want = verbs.WCSend
 			}
-			if wc.ID >= uint64(c.depth) || wc.Opcode != want || len(c.sqFIFO) == 0 {
+			if wc.ID&slotMask >= uint64(c.depth) || wc.Opcode != want || len(c.sqFIFO) == 0 {
 				return fmt.Errorf("unexpected send completion %+v", wc)
 			}
 			// Signaled completions arrive in posting order (RC).
@@ -521,6 +535,9 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 		if err != nil {
 			return err
 		}
+		if n == 1 && c.stale(wcs[0]) {
+			continue
+		}
 		if n == 1 {
 			break
 		}
@@ -539,7 +556,7 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 		return wc.Err()
 	}
 	if wc.Opcode != verbs.WCRecv || wc.HasImm || wc.ByteLen < wire.ResponseSize || int(wc.ByteLen) > c.respB ||
-		(!c.v1 && wc.ByteLen != wire.ResponseSize) || wc.ID != uint64(p.slot) {
+		(!c.v1 && wc.ByteLen != wire.ResponseSize) || wc.ID != c.wrID(p.slot) {
 		return fmt.Errorf("reply completion %+v for slot %d", wc, p.slot)
 	}
 	r := c.respBuf.Bytes()[p.slot*c.respB : p.slot*c.respB+int(wc.ByteLen)]
@@ -567,7 +584,7 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 			op.N = int(resp.PayloadLen)
 		}
 	}
-	if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: uint64(p.slot), SGL: []verbs.SGE{verbs.SGEOf(c.resp, p.slot*c.respB, c.respB)}}}); err != nil {
+	if _, err := c.qp.PostRecv([]verbs.RecvWR{{ID: c.wrID(p.slot), SGL: []verbs.SGE{verbs.SGEOf(c.resp, p.slot*c.respB, c.respB)}}}); err != nil {
 		return fmt.Errorf("repost receive: %w", err)
 	}
 	if c.v1 {
@@ -634,7 +651,7 @@ func (c *Client) postV1(ctx context.Context, op *Op) (pending, error) {
 		return p, fmt.Errorf("onesided: op %s not supported over RDMA", op.Kind)
 	}
 	req.Encode(hdr)
-	return p, c.postWRs(ctx, slot, []verbs.SendWR{{ID: uint64(slot), Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGL: sgl}})
+	return p, c.postWRs(ctx, op, slot, []verbs.SendWR{{ID: c.wrID(slot), Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGL: sgl}})
 }
 
 // gatherPool returns SGEs for vs when every piece lies in a registered pool (referenced by

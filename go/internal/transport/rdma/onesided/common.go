@@ -170,6 +170,10 @@ type Metrics struct {
 	// Notify counts native notifications (dfkv_rdma_notify_*) of the devices and connections
 	// these metrics belong to.
 	Notify notify.Metrics
+	// StaleCompletions: completions whose wr_id carries another QP generation (a late
+	// completion of an earlier connection), dropped instead of delivered (docs/RDMA.md,
+	// "Generation fencing").
+	StaleCompletions atomic.Int64
 }
 
 // Snapshot returns the metrics by their exported names.
@@ -211,6 +215,7 @@ func (m *Metrics) snapshot() map[string]float64 {
 		"dfkv_rdma_mr_pool_bytes":                 float64(m.MRPoolBytes.Load()),
 		"dfkv_rdma_idle_reclaims_total":           float64(m.IdleReclaims.Load()),
 		"dfkv_rdma_pool_full_total":               float64(m.PoolFull.Load()),
+		"dfkv_rdma_stale_completions_total":       float64(m.StaleCompletions.Load()),
 	}
 }
 

@@ -23,7 +23,32 @@ const (
 	// FaultsEnv names the fault file (see ParseFaults), read by the binaries into
 	// Options.FaultFile. Test-only: production never sets it.
 	FaultsEnv = "DFKV_SOFT_RDMA_FAULTS"
+	// NUMAEnv gives the devices NUMA nodes ("0,1,0,1": softN gets entry N; see
+	// ParseNUMANodes), read by the binaries into Options.NUMANodes. Test-only.
+	NUMAEnv = "DFKV_SOFT_RDMA_NUMA"
 )
+
+// ParseNUMANodes parses a NUMAEnv value: nil when empty, else up to MaxDevices node
+// numbers 0..1023, comma separated ("-1": unknown).
+func ParseNUMANodes(v string) ([]int, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return nil, nil
+	}
+	parts := strings.Split(v, ",")
+	if len(parts) > MaxDevices {
+		return nil, fmt.Errorf("soft: %s: %d entries (max %d)", NUMAEnv, len(parts), MaxDevices)
+	}
+	out := make([]int, 0, len(parts))
+	for _, f := range parts {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < -1 || n > 1023 {
+			return nil, fmt.Errorf("soft: %s=%q: want node numbers -1..1023", NUMAEnv, v)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
 
 // MaxDevices bounds the devices one soft provider creates.
 const MaxDevices = 64
@@ -45,6 +70,12 @@ type Fault struct {
 	CompStatus verbs.WCStatus
 	// Delay holds every send completion of the device's QPs this long (a slow ACK).
 	Delay time.Duration
+	// StaleWCs is how many stale completions to inject: at each of the device's next
+	// post_sends on a QP in RTS, a copy of the last successful send completion of another
+	// (earlier) QP of the device lands on the posting QP's send CQ first, as a late
+	// completion of an old QP generation does on a CQ a reconnect reuses. Counted from
+	// each reload; nothing is injected until another QP has completed a signaled send.
+	StaleWCs int
 }
 
 // ParseFaults decodes a fault file: one directive per line, '#' starts a comment.
@@ -53,6 +84,7 @@ type Fault struct {
 //	<device> query fail|ok
 //	<device> comp_err <count> [<ibv_wc_status number>]   (default 12, retry exceeded)
 //	<device> delay <duration>                            (e.g. 250ms; 0 clears)
+//	<device> stale_wc <count>                            (old-generation completions)
 //
 // Later lines win. Anything else is an error naming the line.
 func ParseFaults(text string) (map[string]Fault, error) {
@@ -125,8 +157,17 @@ func ParseFaults(text string) (map[string]Fault, error) {
 				return nil, bad("duration must be 0..1m")
 			}
 			st.Delay = d
+		case "stale_wc":
+			if len(f) != 3 {
+				return nil, bad("want stale_wc <count>")
+			}
+			n, err := strconv.Atoi(f[2])
+			if err != nil || n < 0 || n > 1<<20 {
+				return nil, bad("count must be 0..1048576")
+			}
+			st.StaleWCs = n
 		default:
-			return nil, bad("unknown directive (port, query, comp_err, delay)")
+			return nil, bad("unknown directive (port, query, comp_err, delay, stale_wc)")
 		}
 		out[dev] = st
 	}
@@ -228,6 +269,23 @@ func (f *faultFile) takeCompErr(dev string) (verbs.WCStatus, bool) {
 	st.CompErrors--
 	f.faults[dev] = st
 	return st.CompStatus, true
+}
+
+// takeStaleWC consumes one injected stale completion of dev, if any is left and ok.
+func (f *faultFile) takeStaleWC(dev string, ok func() bool) bool {
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refreshLocked()
+	st, found := f.faults[dev]
+	if !found || st.StaleWCs == 0 || !ok() {
+		return false
+	}
+	st.StaleWCs--
+	f.faults[dev] = st
+	return true
 }
 
 // ParseDevices parses a DevicesEnv value: 0 when empty, else 1..MaxDevices.

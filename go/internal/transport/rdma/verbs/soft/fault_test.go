@@ -21,6 +21,7 @@ soft2 comp_err 1 10
 soft2 query fail
 soft0 port up           # later lines win
 soft3 port down
+soft3 stale_wc 2
 `)
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +30,7 @@ soft3 port down
 		"soft0": {},
 		"soft1": {CompErrors: 3, CompStatus: verbs.StatusRetryExcErr, Delay: 250 * time.Millisecond},
 		"soft2": {CompErrors: 1, CompStatus: verbs.StatusRemAccessErr, QueryFail: true},
-		"soft3": {PortDown: true},
+		"soft3": {PortDown: true, StaleWCs: 2},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %+v", got)
@@ -43,6 +44,7 @@ soft3 port down
 		"soft0 port sideways", "soft0 port", "soft0 port down now", "soft0 query maybe",
 		"soft0 comp_err -1", "soft0 comp_err x", "soft0 comp_err 1 5", "soft0 comp_err 1 0", "soft0 comp_err 1 300",
 		"soft0 comp_err 1 2 3", "soft0 delay forever", "soft0 delay -1s", "soft0 delay 2m", "soft0 reboot now",
+		"soft0 stale_wc", "soft0 stale_wc -1", "soft0 stale_wc x", "soft0 stale_wc 1 2",
 		"soft\x01 port down", strings.Repeat("x", 65) + " port down", strings.Repeat("#", maxFaultFile+1),
 	} {
 		if _, err := ParseFaults(bad); err == nil {
@@ -54,6 +56,7 @@ soft3 port down
 func FuzzParseFaults(f *testing.F) {
 	f.Add("soft0 port down\nsoft1 comp_err 2 12\nsoft1 delay 10ms\n")
 	f.Add("soft0 query fail # x")
+	f.Add("soft1 stale_wc 3\nsoft1 stale_wc 0")
 	f.Fuzz(func(t *testing.T, s string) {
 		m, err := ParseFaults(s)
 		if err != nil {
@@ -246,6 +249,33 @@ func TestFaultDelayedCompletion(t *testing.T) {
 	expectWC(t, a.scq, 2, verbs.StatusSuccess)
 }
 
+// stale_wc: after another QP of the device completed a send, the next post_send on a new
+// QP finds that old completion (its wr_id, its QP number) on its CQ before its own; with
+// no earlier completion nothing is injected and the count is kept.
+func TestFaultStaleCompletion(t *testing.T) {
+	a, b, p, set := faultPair(t)
+	src := a.reg(64, verbs.AccessLocalWrite)
+	dst := b.reg(64, allRemote)
+	set("soft0 stale_wc 1\n")
+	write := func(n *node, id uint64, src, dst verbs.MR) {
+		n.post(verbs.SendWR{ID: id, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 8)},
+			RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+	}
+	write(a, 0x1_00000003, src, dst) // no other QP completed yet: nothing injected
+	expectWC(t, a.scq, 0x1_00000003, verbs.StatusSuccess)
+	a2, b2 := newNode(t, p, "soft0", nodeCfg{}), newNode(t, p, "soft1", nodeCfg{})
+	connectPair(t, a2, b2)
+	src2, dst2 := a2.reg(64, verbs.AccessLocalWrite), b2.reg(64, allRemote)
+	write(a2, 0x2_00000003, src2, dst2)
+	old := expectWC(t, a2.scq, 0x1_00000003, verbs.StatusSuccess)
+	if old.QPNum != a.qp.Num() {
+		t.Fatalf("stale completion from qp %d, want the old qp %d", old.QPNum, a.qp.Num())
+	}
+	expectWC(t, a2.scq, 0x2_00000003, verbs.StatusSuccess)
+	write(a2, 0x2_00000004, src2, dst2) // the one injection is used up
+	expectWC(t, a2.scq, 0x2_00000004, verbs.StatusSuccess)
+}
+
 func TestFaultQueryFailAndBadFile(t *testing.T) {
 	_, _, p, set := faultPair(t)
 	set("soft1 query fail\n")
@@ -283,5 +313,33 @@ func TestFaultQueryFailAndBadFile(t *testing.T) {
 	}
 	if _, ok := portOf(t, p, "soft1"); !ok {
 		t.Fatal("soft1 still failing without a fault file")
+	}
+}
+
+func TestParseNUMANodes(t *testing.T) {
+	got, err := ParseNUMANodes(" 0, 1,-1 ")
+	if err != nil || len(got) != 3 || got[0] != 0 || got[1] != 1 || got[2] != -1 {
+		t.Fatalf("%v %v", got, err)
+	}
+	if got, err := ParseNUMANodes(""); got != nil || err != nil {
+		t.Fatalf("empty: %v %v", got, err)
+	}
+	for _, bad := range []string{"x", "0,,1", "-2", "1024", strings.Repeat("0,", MaxDevices) + "0"} {
+		if _, err := ParseNUMANodes(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	p, err := New(Options{Devices: 3, NUMANodes: []int{1, 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, err := p.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{1, 0, -1} {
+		if infos[i].NUMANode != want {
+			t.Errorf("%s: node %d, want %d", infos[i].Name, infos[i].NUMANode, want)
+		}
 	}
 }

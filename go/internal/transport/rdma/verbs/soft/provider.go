@@ -24,6 +24,9 @@ type Options struct {
 	// FaultFile is the test-only fault injection file (ParseFaults); "" =
 	// DFKV_SOFT_RDMA_FAULTS, else none.
 	FaultFile string
+	// NUMANodes gives device softN the NUMA node NUMANodes[N] (devices past the list, or
+	// without it, report -1: unknown). Lets tests exercise NUMA-local rail selection.
+	NUMANodes []int
 	// AckTimeout bounds how long a requester waits for its peer's next response, and how
 	// long a responder waits for a QP that is not yet RTR (hardware: the transport retry
 	// timer times retry count). Default 10 s.
@@ -94,6 +97,7 @@ func New(opt Options) (*Provider, error) {
 		p.devs = append(p.devs, &device{
 			p:       p,
 			name:    fmt.Sprintf("soft%d", i),
+			numa:    numaOf(opt.NUMANodes, i),
 			gid:     gid,
 			nextKey: seed & 0x00ffff00,
 			nextQPN: 0x100 + seed&0xfff,
@@ -102,6 +106,13 @@ func New(opt Options) (*Provider, error) {
 		})
 	}
 	return p, nil
+}
+
+func numaOf(nodes []int, i int) int {
+	if i < len(nodes) && nodes[i] >= 0 {
+		return nodes[i]
+	}
+	return -1
 }
 
 // Name implements verbs.Provider.
@@ -160,6 +171,7 @@ type device struct {
 	p    *Provider
 	name string
 	gid  verbs.GID
+	numa int
 
 	mu      sync.Mutex
 	refs    int
@@ -172,6 +184,27 @@ type device struct {
 	pds     int                   // protection domains allocated and not closed
 	inbound map[net.Conn]struct{} // accepted streams not yet bound to a QP
 	done    chan struct{}         // closed when the last context closes
+
+	lastMu sync.Mutex // a leaf lock (taken under a QP's mu)
+	lastWC *verbs.WorkCompletion
+}
+
+// recordWC remembers the device's last successful send completion (the stale_wc fault
+// replays it on another QP).
+func (d *device) recordWC(wc verbs.WorkCompletion) {
+	d.lastMu.Lock()
+	d.lastWC = &wc
+	d.lastMu.Unlock()
+}
+
+// lastWCOfOther returns the last recorded send completion when another QP than qpn made it.
+func (d *device) lastWCOfOther(qpn uint32) (verbs.WorkCompletion, bool) {
+	d.lastMu.Lock()
+	defer d.lastMu.Unlock()
+	if d.lastWC == nil || d.lastWC.QPNum == qpn {
+		return verbs.WorkCompletion{}, false
+	}
+	return *d.lastWC, true
 }
 
 // fault is the device's injected state (zero without a fault file).
@@ -184,7 +217,7 @@ func (d *device) info() verbs.DeviceInfo {
 	}
 	return verbs.DeviceInfo{
 		Name:     d.name,
-		NUMANode: -1,
+		NUMANode: d.numa,
 		Ports: []verbs.PortInfo{{
 			Num: portNum, State: state, PhysState: phys,
 			GID: d.gid, MTU: portMTU, LinkLayer: "Ethernet",

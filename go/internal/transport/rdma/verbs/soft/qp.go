@@ -220,6 +220,11 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 	default:
 		return 0, fmt.Errorf("%w: post_send on a qp in %s", verbs.ErrInvalid, q.state)
 	}
+	// Injected (fault file stale_wc): a late completion of an earlier QP lands first.
+	var old verbs.WorkCompletion
+	if q.d.p.faults.takeStaleWC(q.d.name, func() (ok bool) { old, ok = q.d.lastWCOfOther(q.num); return ok }) {
+		q.scq.push(old)
+	}
 	for i, wr := range wrs {
 		if wr.Opcode > verbs.OpRead {
 			return i, fmt.Errorf("%w: opcode %d", verbs.ErrInvalid, wr.Opcode)
@@ -593,6 +598,7 @@ func (q *qp) ackLoop(c net.Conn, stop chan struct{}) {
 				wc.ByteLen = r.length
 			}
 			q.scq.push(wc) // under q.mu: keeps success and flush completions in order
+			q.d.recordWC(wc)
 		}
 		q.mu.Unlock()
 	}

@@ -1,0 +1,83 @@
+package onesided
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
+)
+
+// A connection broken by a completion error reports which of its unfinished ops were
+// posted (may have run) and which never reached the QP; after a reconnect on the same
+// device, a late completion of the old QP generation (the soft NIC's stale_wc fault) lands
+// on the new connection's CQ and is dropped and counted, never taken for a new request's.
+func TestStaleCompletionFencedAndPostedOps(t *testing.T) {
+	faults := filepath.Join(t.TempDir(), "faults")
+	if err := soft.WriteFaults(faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	p := softProvider(t, soft.Options{Devices: 2, FaultFile: faults})
+	ts := startServer(t, Config{Provider: p, Device: "soft0", MaxBlock: 1 << 20, Depth: 4, SegmentBytes: 64 << 20}, store.NewMem(1<<28))
+	m := new(Metrics)
+	cfg := Config{Provider: p, Device: "soft1", MaxBlock: 1 << 20, Depth: 2, Metrics: m}
+	ctx := context.Background()
+	c1, _ := dial(t, ts, cfg)
+	warm := &Op{Kind: fb.OpPut, Tenant: 1, ID: oid(100), Value: [][]byte{randBytes(5000, 100)}}
+	if err := c1.Do(ctx, []*Op{warm}); err != nil || warm.Status != fb.StatusOk {
+		t.Fatalf("put: %v %s", err, warm.Status)
+	}
+
+	// A window of 6 PUTs at depth 2 whose first WR fails: two were posted, four were not.
+	if err := soft.WriteFaults(faults, "soft1 comp_err 1\n"); err != nil {
+		t.Fatal(err)
+	}
+	var ops []*Op
+	for i := range 6 {
+		ops = append(ops, &Op{Kind: fb.OpPut, Tenant: 1, ID: oid(i), Value: [][]byte{randBytes(3000, uint64(i))}})
+	}
+	if err := c1.Do(ctx, ops); err == nil {
+		t.Fatal("window with a failed WR succeeded")
+	}
+	for i, o := range ops {
+		if o.Status != fb.StatusUnavailable || o.Posted != (i < 2) {
+			t.Errorf("op %d: status %s posted %v (want Unavailable, posted %v)", i, o.Status, o.Posted, i < 2)
+		}
+	}
+	c1.Close()
+
+	// Reconnect on soft1: the first post finds the old generation's completion first.
+	if err := soft.WriteFaults(faults, "soft1 stale_wc 1\n"); err != nil {
+		t.Fatal(err)
+	}
+	c2, _ := dial(t, ts, cfg)
+	if c2.Generation() == c1.Generation() {
+		t.Fatalf("generation %d reused", c2.Generation())
+	}
+	var round []*Op
+	vals := map[int][]byte{}
+	for i := 10; i < 16; i++ {
+		vals[i] = randBytes(4000+i, uint64(i))
+		round = append(round, &Op{Kind: fb.OpPut, Tenant: 1, ID: oid(i), Value: [][]byte{vals[i]}})
+	}
+	for i := 10; i < 16; i++ {
+		round = append(round, &Op{Kind: fb.OpGet, Tenant: 1, ID: oid(i), Dst: [][]byte{make([]byte, 4000+i)}})
+	}
+	if err := c2.Do(ctx, round); err != nil {
+		t.Fatalf("new generation broke on a stale completion: %v", err)
+	}
+	for _, o := range round {
+		if o.Status != fb.StatusOk {
+			t.Fatalf("%s: %s", o.Kind, o.Status)
+		}
+		if o.Kind == fb.OpGet && !bytes.Equal(o.Dst[0], vals[int(o.ID.Lo)]) {
+			t.Fatalf("get %d: wrong bytes", o.ID.Lo)
+		}
+	}
+	if c2.StaleDropped() != 1 || m.StaleCompletions.Load() != 1 {
+		t.Fatalf("stale completions dropped: conn %d, metric %d (want 1)", c2.StaleDropped(), m.StaleCompletions.Load())
+	}
+}
