@@ -164,11 +164,13 @@ type Metrics struct {
 	// PoolFull: a client op found every RDMA connection to its server busy (MaxConns) and
 	// went over TCP.
 	PoolFull atomic.Int64
+	// SG: multi-SGE requests per QP (sg.go).
+	SG SGMetrics
 }
 
 // Snapshot returns the metrics by their exported names.
 func (m *Metrics) Snapshot() map[string]float64 {
-	return map[string]float64{
+	out := map[string]float64{
 		"dfkv_rdma_v1_conns_opened_total":         float64(m.V1ConnsOpened.Load()),
 		"dfkv_rdma_v2_conns_opened_total":         float64(m.V2ConnsOpened.Load()),
 		"dfkv_rdma_v2_put_writes_total":           float64(m.V2PutWrites.Load()),
@@ -198,6 +200,8 @@ func (m *Metrics) Snapshot() map[string]float64 {
 		"dfkv_rdma_idle_reclaims_total":           float64(m.IdleReclaims.Load()),
 		"dfkv_rdma_pool_full_total":               float64(m.PoolFull.Load()),
 	}
+	m.SG.add(out)
+	return out
 }
 
 // pollSlice bounds one wait on the receive CQ so that send-side errors (which complete on
