@@ -655,7 +655,7 @@ func (c *Client) markTCP(p *peer, why string) {
 
 // rdmaExec runs op over RDMA when p is served that way; handled is false for TCP peers.
 func (c *Client) rdmaExec(ctx context.Context, p *peer, op *onesided.Op) (handled bool, err error) {
-	if op.MultiSGE() && !sgLaneOff.Load() {
+	if c.opts.RDMA != nil && op.MultiSGE() && !sgLaneOff.Load() {
 		return c.sgExec(ctx, p, op)
 	}
 	return c.rdmaDo(ctx, p, []*onesided.Op{op})

@@ -20,7 +20,16 @@ model                -                          model name (default: the engine'
 revision             DFKV_MODEL_REVISION        model revision / weights hash ("" = none)
 reopen_interval_s    -                          seconds between attempts to open a client
                                                 after a failed open (default 5)
+rdma_depth           DFKV_RDMA_DEPTH            RDMA requests in flight per connection, and
+                                                the SG lane's width per batch (0 = library
+                                                default, 4)
 ==================== ========================== ============================================
+
+``rdma_depth`` (and the SGLang connector's ``rail_affinity``) reach the library through its
+``DFKV_RDMA_*`` environment, which libdfkv reads once, when it loads: the connector sets
+them just before it opens its client. A process that loaded libdfkv before (another
+client opened first) keeps what it loaded with; the connector then logs a warning naming
+the settings that did not reach it.
 
 The client is opened on first use in the process that does the I/O (never at import or in
 a parent that may fork). A process forked *after* its parent loaded libdfkv cannot use the
@@ -46,6 +55,7 @@ from .. import identity
 
 __all__ = [
     "ClientConfig",
+    "apply_library_env",
     "LazyClient",
     "dtype_name",
     "fingerprint",
@@ -60,9 +70,9 @@ T = TypeVar("T")
 
 _KEYS = ("members", "mds_endpoints", "mds_group", "mds_poll_ms", "register_with_mds", "client_id",
          "client_info", "client_heartbeat_ms", "batch_concurrency", "tenant", "model", "revision",
-         "reopen_interval_s")
+         "reopen_interval_s", "rdma_depth")
 _ENV = {"members": "DFKV_MEMBERS", "mds_endpoints": "DFKV_MDS", "mds_group": "DFKV_MDS_GROUP",
-        "tenant": "DFKV_TENANT", "revision": "DFKV_MODEL_REVISION"}
+        "tenant": "DFKV_TENANT", "revision": "DFKV_MODEL_REVISION", "rdma_depth": "DFKV_RDMA_DEPTH"}
 
 
 def _as_bool(v: Any) -> Optional[bool]:
@@ -93,7 +103,11 @@ class ClientConfig:
     model: Optional[str] = None
     revision: str = ""
     reopen_interval_s: float = 5.0
+    rdma_depth: int = 0
     extra: Dict[str, Any] = field(default_factory=dict)
+    # DFKV_* settings the library must load with (the connector's rail affinity), applied
+    # just before the client opens (apply_library_env).
+    lib_env: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, cfg: Optional[Mapping[str, Any]], prefixes: Sequence[str] = ("",),
@@ -112,6 +126,10 @@ class ClientConfig:
         for k, v in vals.items():
             if k in ("mds_poll_ms", "client_heartbeat_ms", "batch_concurrency"):
                 v = int(v)
+            elif k == "rdma_depth":
+                v = int(v)
+                if not 0 <= v <= 1024:
+                    raise ValueError(f"rdma_depth {v}: want 0 (library default) .. 1024")
             elif k == "reopen_interval_s":
                 v = float(v)
             elif k == "register_with_mds":
@@ -130,6 +148,13 @@ class ClientConfig:
             raise ValueError(
                 f"{who}: no dfkv nodes configured; set 'members' (\"id=host:port,...\") or "
                 "'mds_endpoints' in the connector's extra config, or DFKV_MEMBERS / DFKV_MDS")
+
+    def library_env(self) -> Dict[str, str]:
+        """The DFKV_* environment the library must load with for this configuration."""
+        env = dict(self.lib_env)
+        if self.rdma_depth:
+            env["DFKV_RDMA_DEPTH"] = str(self.rdma_depth)
+        return env
 
     def client_kwargs(self) -> Dict[str, Any]:
         return dict(
@@ -210,6 +235,7 @@ class LazyClient:
             try:
                 from ..client import Client
 
+                apply_library_env(self.cfg.library_env(), self.name)
                 self._client = Client(self.cfg.members or None, namespace=self._ns,
                                       **self.cfg.client_kwargs())
                 self._pid = pid
@@ -236,6 +262,28 @@ class LazyClient:
                 c.close()
             except Exception:
                 pass
+
+
+def apply_library_env(env: Mapping[str, str], who: str) -> bool:
+    """Put ``env`` into this process's environment for libdfkv, which reads its DFKV_RDMA_*
+    settings once, when it loads. Returns False (and logs a warning naming them) when the
+    library is loaded already and some of them differ from what the environment said: they
+    cannot reach it any more."""
+    if not env:
+        return True
+    from .. import _lib
+
+    if _lib.is_loaded():
+        stale = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        if stale:
+            logger.warning("%s: libdfkv was loaded in this process before, so %s do not reach it "
+                           "(the library reads them when it loads); open this connector first or "
+                           "set them in the environment before the engine starts", who,
+                           ", ".join(f"{k}={v}" for k, v in sorted(stale.items())))
+            return False
+        return True
+    os.environ.update(env)
+    return True
 
 
 _LOG_EVERY_S = 30.0
