@@ -26,10 +26,9 @@ rdma_depth           DFKV_RDMA_DEPTH            RDMA requests in flight per conn
 ==================== ========================== ============================================
 
 ``rdma_depth`` (and the SGLang connector's ``rail_affinity``) reach the library through its
-``DFKV_RDMA_*`` environment, which libdfkv reads once, when it loads: the connector sets
-them just before it opens its client. A process that loaded libdfkv before (another
-client opened first) keeps what it loaded with; the connector then logs a warning naming
-the settings that did not reach it.
+``DFKV_RDMA_*`` environment, which libdfkv reads when a client opens (from the process's
+live environment): the connector sets them in ``os.environ`` just before it opens its
+client. They are process-wide: every client the process opens afterwards gets them too.
 
 The client is opened on first use in the process that does the I/O (never at import or in
 a parent that may fork). A process forked *after* its parent loaded libdfkv cannot use the
@@ -264,26 +263,13 @@ class LazyClient:
                 pass
 
 
-def apply_library_env(env: Mapping[str, str], who: str) -> bool:
-    """Put ``env`` into this process's environment for libdfkv, which reads its DFKV_RDMA_*
-    settings once, when it loads. Returns False (and logs a warning naming them) when the
-    library is loaded already and some of them differ from what the environment said: they
-    cannot reach it any more."""
-    if not env:
-        return True
-    from .. import _lib
-
-    if _lib.is_loaded():
-        stale = {k: v for k, v in env.items() if os.environ.get(k) != v}
-        if stale:
-            logger.warning("%s: libdfkv was loaded in this process before, so %s do not reach it "
-                           "(the library reads them when it loads); open this connector first or "
-                           "set them in the environment before the engine starts", who,
-                           ", ".join(f"{k}={v}" for k, v in sorted(stale.items())))
-            return False
-        return True
+def apply_library_env(env: Mapping[str, str], who: str) -> None:
+    """Put ``env`` into this process's environment, where libdfkv reads its DFKV_* settings
+    each time a client opens (the library syncs them from the live C environment)."""
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    if changed:
+        logger.debug("%s: library environment %s", who, changed)
     os.environ.update(env)
-    return True
 
 
 _LOG_EVERY_S = 30.0
