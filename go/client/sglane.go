@@ -228,6 +228,22 @@ func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (hand
 		}()
 	}
 	laneUnsent, laneErr = c.sgRun(ctx, p, sg)
+	// What the lane could not take (at its bound, or the server refused another lease) runs
+	// one request at a time on scalar connections: still one multi-SGE request per QP, and
+	// still RDMA. Only what those cannot take either goes over TCP.
+	for _, o := range sg {
+		if !laneUnsent[o] {
+			continue
+		}
+		h, e := c.rdmaDo(ctx, p, []*onesided.Op{o})
+		if !h {
+			continue
+		}
+		delete(laneUnsent, o)
+		if laneErr == nil {
+			laneErr = e
+		}
+	}
 	wg.Wait()
 	unsent = laneUnsent
 	if len(scalar) > 0 && !sHandled {
@@ -245,11 +261,12 @@ func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (hand
 	return true, err, unsent
 }
 
-// sgExec runs one multi-SGE op on the SG lane; handled is false when it was not sent.
+// sgExec runs one multi-SGE op on the SG lane, else alone on a scalar connection (one
+// request in flight there too); handled is false when it was not sent.
 func (c *Client) sgExec(ctx context.Context, p *peer, op *onesided.Op) (handled bool, err error) {
 	unsent, err := c.sgRun(ctx, p, []*onesided.Op{op})
 	if unsent[op] {
-		return false, nil
+		return c.rdmaDo(ctx, p, []*onesided.Op{op})
 	}
 	return true, err
 }
