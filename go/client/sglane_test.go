@@ -239,3 +239,82 @@ func TestSGLaneDepthOnePerQPBatchWide(t *testing.T) {
 		}
 	})
 }
+
+// The lane is bounded per server (SGLaneConns): a depth-4 batch against a lane of 2 runs 2
+// wide (its two connections take turns through the items), counts the lane full, never
+// puts two multi-SGE requests on one QP; idle lane connections are reclaimed like the
+// scalar pool's (the server's connections drop to 0) and the next batch opens fresh ones.
+func TestSGLaneBoundAndIdleReclaim(t *testing.T) {
+	const n, piece = 8, 32 << 10
+	gate := &putGate{Engine: store.NewMem(64 << 20)}
+	node, rs := sgServer(t, gate)
+	ms, err := client.NewStatic([]client.Member{{ID: "n", Addr: node.addr, Weight: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle := 300 * time.Millisecond
+	c, err := client.New(client.Options{Membership: ms, BatchConcurrency: 1, IOTimeout: 10 * time.Second,
+		RDMA: &client.RDMAOptions{Provider: "soft", Depth: 4, MaxBlock: 1 << 20, SGLaneConns: 2, IdleTimeout: idle}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a, b := make([]byte, n*piece), make([]byte, n*piece)
+	for i := range a {
+		a[i], b[i] = byte(i*7), byte(i*13)
+	}
+	items := sgItems(n, piece, a, b, "bound")
+	if err := c.BatchPut(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range items {
+		if it.Err != nil {
+			t.Fatalf("put %d: %v", i, it.Err)
+		}
+	}
+	if got := snap(c, "dfkv_rdma_sg_lane_conns_opened_total"); got != 2 {
+		t.Errorf("lane connections opened %v, want 2 (the bound)", got)
+	}
+	if got := snap(c, "dfkv_rdma_sg_lane_busy_max"); got != 2 {
+		t.Errorf("lane width %v, want 2", got)
+	}
+	if got := snap(c, "dfkv_rdma_sg_lane_full_total"); got < 1 {
+		t.Errorf("lane full not counted")
+	}
+	if got := snap(c, "dfkv_rdma_sg_qp_inflight_max"); got != 1 {
+		t.Errorf("a QP had %v multi-SGE requests in flight", got)
+	}
+	if got := gate.puts.Load(); got != n || rs.M.V2PutWrites.Load() != n {
+		t.Errorf("server stored %d PUTs, %d over RDMA; want %d", got, rs.M.V2PutWrites.Load(), n)
+	}
+	gets := sgItems(n, piece, make([]byte, n*piece), make([]byte, n*piece), "bound")
+	if err := c.BatchGet(ctx, gets, client.Exact); err != nil {
+		t.Fatal(err)
+	}
+	for i := range gets {
+		want := items[i].Segs
+		if gets[i].Err != nil || !bytes.Equal(gets[i].Segs[0], want[0]) || !bytes.Equal(gets[i].Segs[1], want[1]) {
+			t.Fatalf("get %d: %v or wrong bytes", i, gets[i].Err)
+		}
+	}
+
+	deadline := time.Now().Add(10 * time.Second)
+	for snap(c, "dfkv_rdma_sg_lane_conns") != 0 || rs.M.ActiveConns.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("idle lane connections not reclaimed: lane %v, server active %d",
+				snap(c, "dfkv_rdma_sg_lane_conns"), rs.M.ActiveConns.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := snap(c, "dfkv_rdma_idle_reclaims_total"); got < 2 {
+		t.Errorf("idle reclaims %v, want at least the 2 lane connections", got)
+	}
+	if err := c.BatchPut(ctx, sgItems(2, piece, a, b, "again")); err != nil {
+		t.Fatal(err)
+	}
+	if got := snap(c, "dfkv_rdma_sg_lane_conns_opened_total"); got != 4 {
+		t.Errorf("lane connections opened %v after the reclaim, want 4 (2 fresh)", got)
+	}
+}
