@@ -825,7 +825,7 @@ func (c *Client) rdmaChunk(ctx context.Context, op fb.Op, flags uint8, ch chunk)
 	if len(ops) == 0 {
 		return rest
 	}
-	done, err, unsent := c.rdmaRun(ctx, ch.p, ops)
+	done, unsent, err := c.rdmaRun(ctx, ch.p, ops)
 	if !done {
 		return ch.items
 	}

@@ -200,7 +200,7 @@ func (c *Client) sgDrop(p *peer, oc *onesided.Client) {
 // RDMA (p is served over TCP); unsent are ops never submitted (the lane or the scalar pool
 // was full, or p is on TCP), which the caller sends over TCP. err is for the ops left with
 // Status Unavailable.
-func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (handled bool, err error, unsent map[*onesided.Op]bool) {
+func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (handled bool, unsent map[*onesided.Op]bool, err error) {
 	var scalar, sg []*onesided.Op
 	for _, o := range ops {
 		if o.MultiSGE() && !sgLaneOff.Load() {
@@ -211,7 +211,7 @@ func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (hand
 	}
 	if len(sg) == 0 {
 		handled, err = c.rdmaDo(ctx, p, ops)
-		return handled, err, nil
+		return handled, nil, err
 	}
 	var (
 		wg         sync.WaitGroup
@@ -258,7 +258,7 @@ func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (hand
 	if err == nil {
 		err = laneErr
 	}
-	return true, err, unsent
+	return true, unsent, err
 }
 
 // sgExec runs one multi-SGE op on the SG lane, else alone on a scalar connection (one
