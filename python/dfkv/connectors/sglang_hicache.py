@@ -32,11 +32,13 @@ among SGLang's GPU workers, ``pp_rank * tp_size + tp_rank`` in SGLang's *global*
 context — not the storage config's ``tp_rank``, which is attention-TP-local and so 0 in every
 process under DP attention. Without a live SGLang context it is rebuilt from the storage
 config with SGLang's own layout rule, ``(dp_rank * attn_cp_size + attn_cp_rank) * tp_size +
-tp_rank``; ``rail_affinity_rank`` overrides both. The rails are ``rail_affinity_devices``
-(list or comma string), else ``DFKV_RDMA_DEV``, else the devices in /sys/class/infiniband.
-The choice reaches libdfkv as ``DFKV_RDMA_DEV`` (the chosen rails, primary first),
-``DFKV_RDMA_PRIMARY_DEV`` and ``DFKV_RDMA_NUMA=0``, with ``DFKV_RDMA_TIERS`` cleared (one tier,
-the primary preferred: a fallback carries traffic only while the primary is unusable). ``rdma_depth`` (every connector) sets the RDMA depth, which is also how many
+tp_rank`` (with ``dp_rank`` 0 the config's ``tp_rank`` is taken as is: without DP attention
+it is already global); ``rail_affinity_rank`` overrides both. The rails are
+``rail_affinity_devices`` (list or comma string), else ``DFKV_RDMA_DEV``, else the devices
+in /sys/class/infiniband. The choice reaches libdfkv as ``DFKV_RDMA_DEV`` (the chosen rails,
+primary first), ``DFKV_RDMA_PRIMARY_DEV`` and ``DFKV_RDMA_NUMA=0``, with ``DFKV_RDMA_TIERS``
+cleared (one tier, the primary preferred: a fallback carries traffic only while the primary
+is unusable). ``rdma_depth`` (every connector) sets the RDMA depth, which is also how many
 depth-1 SG-lane connections one batch of pages fans out over.
 
 Failure model: every method returns a result of the documented type (never None where a list
@@ -47,8 +49,8 @@ value of the wrong size is a miss.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
@@ -114,7 +116,9 @@ def physical_rank(sc: Any, extra: Optional[Mapping[str, Any]] = None) -> int:
     (``pp_rank * tp_size + tp_rank``); else the storage config through SGLang's layout rule
     ``tp_rank == (attn_dp_rank * attn_cp_size + attn_cp_rank) * attn_tp_size + attn_tp_rank``
     (under DP attention the config's tp_rank/tp_size are the attention-TP ones and dp_rank
-    the attention-DP rank; without it dp_rank is 0 and tp_rank already global)."""
+    the attention-DP rank; with dp_rank 0 the config's tp_rank is taken as is, since
+    without DP attention it is already global — the live context settles the case of DP
+    attention with attention CP, where the config alone is ambiguous)."""
     extra = extra or {}
     if extra.get("rail_affinity_rank") not in (None, ""):
         return _int_key(extra, "rail_affinity_rank", 0)
