@@ -67,7 +67,7 @@ func snap(c *client.Client, name string) float64 {
 
 // sgServer starts an in-process dfkv server whose RdmaBootstrap is served by a real
 // onesided server over the soft NIC (the test process is both hosts).
-func sgServer(t *testing.T, gate *putGate) (*testNode, *onesided.Server) {
+func sgServer(t testing.TB, gate *putGate) (*testNode, *onesided.Server) {
 	t.Helper()
 	prov, err := soft.New(soft.Options{Devices: 1})
 	if err != nil {
