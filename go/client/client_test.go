@@ -21,7 +21,7 @@ type testNode struct {
 	eng  store.Engine
 }
 
-func startOn(t *testing.T, addr string, eng store.Engine, cfg server.Config) *testNode {
+func startOn(t testing.TB, addr string, eng store.Engine, cfg server.Config) *testNode {
 	t.Helper()
 	cfg.Engine = eng
 	srv, err := server.New(cfg)

@@ -81,6 +81,9 @@ type RDMAOptions struct {
 	// IdleTimeout: a pooled RDMA connection idle this long is closed (QP and CQs destroyed,
 	// the server's receive-segment lease returned); default 60 s.
 	IdleTimeout time.Duration
+	// SGLaneConns bounds the SG lane's connections to one server (multi-SGE requests, one
+	// in flight per connection; docs/RDMA.md, "SG lane"); default MaxConns.
+	SGLaneConns int
 	// MRCacheBytes bounds each connection's cache of transient MRs for unregistered
 	// memory (default 32 MiB); < 0 deregisters every transient MR after its op (memory the
 	// Go runtime does not own, e.g. the C ABI's callers).
@@ -107,6 +110,7 @@ type rdmaState struct {
 	rc railConfig   // rail policy (validated in New)
 	rm *railMetrics // per-rail series
 	rx railState    // NUMA view, probers
+	sg *sgLaneMetrics
 
 	used   atomic.Bool
 	reason atomic.Pointer[string]
@@ -124,6 +128,7 @@ func (c *Client) registerRDMAMetrics() {
 	if c.rdma.rx.numaNode < 0 {
 		c.rdma.rx.numaNode = callerNUMANode()
 	}
+	c.registerSGLaneMetrics()
 	for name := range c.rdma.m.Snapshot() {
 		n := name
 		f := func() float64 { return c.rdma.m.Snapshot()[n] }
@@ -145,6 +150,7 @@ type peerRDMA struct {
 	quar    map[string]time.Time        // rail -> quarantined towards this server until
 	rr      uint32                      // round robin over the chosen tier's rails
 	dialing int                         // bootstraps in progress (count against MaxConns)
+	sg      sgLane                      // multi-SGE requests' own connections (sglane.go)
 	closed  bool
 	px      railPeerState // credits, probers (railcredits.go, railprobe.go)
 }
@@ -159,6 +165,7 @@ type idleConn struct {
 func (r *peerRDMA) reclaim(cutoff time.Time, m *onesided.Metrics) {
 	r.mu.Lock()
 	old := r.takeIdleLocked(func(ic idleConn) bool { return ic.since.Before(cutoff) })
+	old = append(old, r.sg.takeIdleLocked(func(ic idleConn) bool { return ic.since.Before(cutoff) })...)
 	r.mu.Unlock()
 	for _, oc := range old {
 		oc.Close()
@@ -192,6 +199,7 @@ func (r *peerRDMA) close() {
 		oc.Close()
 	}
 	r.all, r.idle = nil, nil
+	r.sg.closeLocked()
 }
 
 func (c *Client) rdmaIdleTimeout() time.Duration {
@@ -566,7 +574,16 @@ func (r *peerRDMA) speaksV1() bool {
 // rdmaDial bootstraps one RDMA connection to p on rail offering v1 or v2, or returns nil
 // (TCP).
 func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *onesided.Client {
+	return c.rdmaDialLane(ctx, p, rail, v1, false)
+}
+
+// rdmaDialLane is rdmaDial for the scalar pool or (sg) the SG lane: depth 1, kept apart.
+func (c *Client) rdmaDialLane(ctx context.Context, p *peer, rail string, v1, sg bool) *onesided.Client {
 	o, r := c.opts.RDMA, &p.rdma
+	depth := c.rdmaDepth()
+	if sg {
+		depth = 1
+	}
 	prov, err := c.rdmaProvider()
 	if err != nil {
 		c.setTCPReason(err.Error())
@@ -616,7 +633,7 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *o
 		return nil
 	}
 	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: dev.Name(), Shared: dev,
-		Depth: c.rdmaDepth(), MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
+		Depth: depth, MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
 		ForceV1: v1, MRCacheBytes: o.MRCacheBytes,
 		Notify: onesided.NotifyConfig{Enabled: o.Notify, OOBFallback: o.NotifyOOBFallback}})
 	if !stop() { // the context ended during the bootstrap: not the rail's nor the server's fault
@@ -650,10 +667,18 @@ func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *o
 		oc.Close()
 		return nil
 	}
-	if r.all == nil {
-		r.all = map[*onesided.Client]string{}
+	switch {
+	case sg:
+		if r.sg.all == nil {
+			r.sg.all = map[*onesided.Client]string{}
+		}
+		r.sg.all[oc] = rail
+	default:
+		if r.all == nil {
+			r.all = map[*onesided.Client]string{}
+		}
+		r.all[oc] = rail
 	}
-	r.all[oc] = rail
 	c.rdma.used.Store(true)
 	c.rdma.rm.conns.WithLabelValues(rail).Inc()
 	c.startJanitor()
@@ -683,6 +708,9 @@ func (c *Client) markTCP(p *peer, why string) {
 
 // rdmaExec runs op over RDMA when p is served that way; handled is false for TCP peers.
 func (c *Client) rdmaExec(ctx context.Context, p *peer, op *onesided.Op) (handled bool, err error) {
+	if c.opts.RDMA != nil && op.MultiSGE() && !sgLaneOff.Load() {
+		return c.sgExec(ctx, p, op)
+	}
 	return c.rdmaDo(ctx, p, []*onesided.Op{op})
 }
 
@@ -856,12 +884,16 @@ func (c *Client) rdmaChunk(ctx context.Context, op fb.Op, flags uint8, ch chunk)
 	if len(ops) == 0 {
 		return rest
 	}
-	done, err := c.rdmaDo(ctx, ch.p, ops)
+	done, unsent, err := c.rdmaRun(ctx, ch.p, ops)
 	if !done {
 		return ch.items
 	}
 	for i, o := range ops {
 		it := its[i]
+		if unsent[o] { // never submitted (a full pool or lane): TCP serves it
+			rest = append(rest, it)
+			continue
+		}
 		if err != nil && o.Status == fb.StatusUnavailable { // not completed: the connection broke
 			it.Err = err
 			continue

@@ -211,8 +211,8 @@ class Client:
 
     TLS and tenant tokens pass through the environment, read by libdfkv: ``DFKV_TLS_CA``
     (verify nodes and the MDS; turns TLS on), ``DFKV_TLS_CERT``/``DFKV_TLS_KEY`` (client
-    certificate for mTLS), ``DFKV_TOKEN`` and ``DFKV_TENANT``. Set them before the library
-    loads (the first client of the process): the Go runtime copies the environment then.
+    certificate for mTLS), ``DFKV_TOKEN`` and ``DFKV_TENANT`` (and every other ``DFKV_*`` setting). Each client
+    open reads them from the process's environment as it is then (``os.environ`` included).
     A refused token makes operations fail like misses (False/None).
     """
 

@@ -119,6 +119,7 @@ func open(o *Options) (*Handle, error) {
 	if o == nil {
 		return nil, errors.New("NULL options")
 	}
+	syncEnv() // DFKV_* as the process's environment says now, not at load (env.go)
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}

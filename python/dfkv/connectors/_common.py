@@ -20,7 +20,15 @@ model                -                          model name (default: the engine'
 revision             DFKV_MODEL_REVISION        model revision / weights hash ("" = none)
 reopen_interval_s    -                          seconds between attempts to open a client
                                                 after a failed open (default 5)
+rdma_depth           DFKV_RDMA_DEPTH            RDMA requests in flight per connection, and
+                                                the SG lane's width per batch (0 = library
+                                                default, 4)
 ==================== ========================== ============================================
+
+``rdma_depth`` (and the SGLang connector's ``rail_affinity``) reach the library through its
+``DFKV_RDMA_*`` environment, which libdfkv reads when a client opens (from the process's
+live environment): the connector sets them in ``os.environ`` just before it opens its
+client. They are process-wide: every client the process opens afterwards gets them too.
 
 The client is opened on first use in the process that does the I/O (never at import or in
 a parent that may fork). A process forked *after* its parent loaded libdfkv cannot use the
@@ -46,6 +54,7 @@ from .. import identity
 
 __all__ = [
     "ClientConfig",
+    "apply_library_env",
     "LazyClient",
     "dtype_name",
     "fingerprint",
@@ -60,9 +69,9 @@ T = TypeVar("T")
 
 _KEYS = ("members", "mds_endpoints", "mds_group", "mds_poll_ms", "register_with_mds", "client_id",
          "client_info", "client_heartbeat_ms", "batch_concurrency", "tenant", "model", "revision",
-         "reopen_interval_s")
+         "reopen_interval_s", "rdma_depth")
 _ENV = {"members": "DFKV_MEMBERS", "mds_endpoints": "DFKV_MDS", "mds_group": "DFKV_MDS_GROUP",
-        "tenant": "DFKV_TENANT", "revision": "DFKV_MODEL_REVISION"}
+        "tenant": "DFKV_TENANT", "revision": "DFKV_MODEL_REVISION", "rdma_depth": "DFKV_RDMA_DEPTH"}
 
 
 def _as_bool(v: Any) -> Optional[bool]:
@@ -93,7 +102,11 @@ class ClientConfig:
     model: Optional[str] = None
     revision: str = ""
     reopen_interval_s: float = 5.0
+    rdma_depth: int = 0
     extra: Dict[str, Any] = field(default_factory=dict)
+    # DFKV_* settings the library must load with (the connector's rail affinity), applied
+    # just before the client opens (apply_library_env).
+    lib_env: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, cfg: Optional[Mapping[str, Any]], prefixes: Sequence[str] = ("",),
@@ -112,6 +125,10 @@ class ClientConfig:
         for k, v in vals.items():
             if k in ("mds_poll_ms", "client_heartbeat_ms", "batch_concurrency"):
                 v = int(v)
+            elif k == "rdma_depth":
+                v = int(v)
+                if not 0 <= v <= 1024:
+                    raise ValueError(f"rdma_depth {v}: want 0 (library default) .. 1024")
             elif k == "reopen_interval_s":
                 v = float(v)
             elif k == "register_with_mds":
@@ -130,6 +147,13 @@ class ClientConfig:
             raise ValueError(
                 f"{who}: no dfkv nodes configured; set 'members' (\"id=host:port,...\") or "
                 "'mds_endpoints' in the connector's extra config, or DFKV_MEMBERS / DFKV_MDS")
+
+    def library_env(self) -> Dict[str, str]:
+        """The DFKV_* environment the library must load with for this configuration."""
+        env = dict(self.lib_env)
+        if self.rdma_depth:
+            env["DFKV_RDMA_DEPTH"] = str(self.rdma_depth)
+        return env
 
     def client_kwargs(self) -> Dict[str, Any]:
         return dict(
@@ -210,6 +234,7 @@ class LazyClient:
             try:
                 from ..client import Client
 
+                apply_library_env(self.cfg.library_env(), self.name)
                 self._client = Client(self.cfg.members or None, namespace=self._ns,
                                       **self.cfg.client_kwargs())
                 self._pid = pid
@@ -236,6 +261,15 @@ class LazyClient:
                 c.close()
             except Exception:
                 pass
+
+
+def apply_library_env(env: Mapping[str, str], who: str) -> None:
+    """Put ``env`` into this process's environment, where libdfkv reads its DFKV_* settings
+    each time a client opens (the library syncs them from the live C environment)."""
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    if changed:
+        logger.debug("%s: library environment %s", who, changed)
+    os.environ.update(env)
 
 
 _LOG_EVERY_S = 30.0

@@ -24,6 +24,23 @@ store one object per page shared by every TP rank (tp rank = replicated) and onl
 writer (TP rank 0, or the DCP writer) writes. Pools that stay TP-sharded under MLA (Mamba
 state) keep their rank.
 
+RDMA rail affinity (``"rail_affinity": 1``; docs/CONNECTORS.md): each worker process uses
+the RDMA rail of its *physical* rank, ``rank % len(rails)``, plus
+``rail_affinity_fallbacks`` neighbour rails (default 1; 0 = the one rail only) for when that
+rail is quarantined, and no NUMA-based selection. The physical rank is the process's place
+among SGLang's GPU workers, ``pp_rank * tp_size + tp_rank`` in SGLang's *global* parallel
+context — not the storage config's ``tp_rank``, which is attention-TP-local and so 0 in every
+process under DP attention. Without a live SGLang context it is rebuilt from the storage
+config with SGLang's own layout rule, ``(dp_rank * attn_cp_size + attn_cp_rank) * tp_size +
+tp_rank`` (with ``dp_rank`` 0 the config's ``tp_rank`` is taken as is: without DP attention
+it is already global); ``rail_affinity_rank`` overrides both. The rails are
+``rail_affinity_devices`` (list or comma string), else ``DFKV_RDMA_DEV``, else the devices
+in /sys/class/infiniband. The choice reaches libdfkv as ``DFKV_RDMA_DEV`` (the chosen rails,
+primary first), ``DFKV_RDMA_PRIMARY_DEV`` and ``DFKV_RDMA_NUMA=0``, with ``DFKV_RDMA_TIERS``
+cleared (one tier, the primary preferred: a fallback carries traffic only while the primary
+is unusable). ``rdma_depth`` (every connector) sets the RDMA depth, which is also how many
+depth-1 SG-lane connections one batch of pages fans out over.
+
 Failure model: every method returns a result of the documented type (never None where a list
 is expected) and never raises into the engine; an unreachable node, a missing key, or a
 value of the wrong size is a miss.
@@ -32,8 +49,9 @@ value of the wrong size is a miss.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
@@ -59,7 +77,7 @@ from ._common import (
     safe_call,
 )
 
-__all__ = ["DfkvHiCacheStorage", "LAYOUT_ID"]
+__all__ = ["DfkvHiCacheStorage", "LAYOUT_ID", "physical_rank", "rail_affinity_env"]
 
 logger = logging.getLogger("dfkv.connectors.sglang")
 
@@ -81,6 +99,79 @@ class _PoolGeom:
     @property
     def page_bytes(self) -> int:
         return sum(self.seg_sizes)
+
+
+def _int_key(extra: Mapping[str, Any], name: str, default: int, lo: int = 0) -> int:
+    v = extra.get(name)
+    if v is None or v == "":
+        return default
+    if isinstance(v, bool) or int(v) != float(v) or int(v) < lo:
+        raise ValueError(f"dfkv HiCache: {name}={v!r}: want an integer >= {lo}")
+    return int(v)
+
+
+def physical_rank(sc: Any, extra: Optional[Mapping[str, Any]] = None) -> int:
+    """The worker's physical rank for rail affinity (see the module docstring):
+    ``rail_affinity_rank`` when set; else SGLang's live global parallel context
+    (``pp_rank * tp_size + tp_rank``); else the storage config through SGLang's layout rule
+    ``tp_rank == (attn_dp_rank * attn_cp_size + attn_cp_rank) * attn_tp_size + attn_tp_rank``
+    (under DP attention the config's tp_rank/tp_size are the attention-TP ones and dp_rank
+    the attention-DP rank; with dp_rank 0 the config's tp_rank is taken as is, since
+    without DP attention it is already global — the live context settles the case of DP
+    attention with attention CP, where the config alone is ambiguous)."""
+    extra = extra or {}
+    if extra.get("rail_affinity_rank") not in (None, ""):
+        return _int_key(extra, "rail_affinity_rank", 0)
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        par = get_parallel()
+        tp_rank, tp_size, pp_rank = int(par.tp_rank), int(par.tp_size), int(par.pp_rank)
+        if 0 <= tp_rank < tp_size and pp_rank >= 0:
+            return pp_rank * tp_size + tp_rank
+    except Exception:  # no published SGLang context in this process (tests, other launchers)
+        pass
+    g = lambda name, default: int(getattr(sc, name, default) or default) if sc is not None else default  # noqa: E731
+    tp_rank, tp_size = g("tp_rank", 0), max(1, g("tp_size", 1))
+    cp_rank, cp_size = g("attn_cp_rank", 0), max(1, g("attn_cp_size", 1))
+    dp_rank = g("dp_rank", 0)
+    if dp_rank == 0:
+        return tp_rank
+    return (dp_rank * cp_size + cp_rank) * tp_size + tp_rank
+
+
+def _split(v: Any) -> List[str]:
+    if v is None:
+        return []
+    items = v.split(",") if isinstance(v, str) else [str(x) for x in v]
+    return [x.strip() for x in items if x.strip()]
+
+
+def _sysfs_rails() -> List[str]:
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
+
+
+def rail_affinity_env(rank: int, rails: Sequence[str], fallbacks: int = 1) -> Dict[str, str]:
+    """The libdfkv environment that pins a worker of physical ``rank`` to rail
+    ``rails[rank % len(rails)]`` with ``fallbacks`` neighbour rails after it (at most every
+    other rail; 0 = that rail alone) and NUMA selection off. The chosen rails form one tier
+    with the primary preferred (the library uses a fallback only while the primary is
+    unusable), so DFKV_RDMA_TIERS is cleared: tiers ranking other rails would override the
+    affinity."""
+    rails = list(rails)
+    if not rails:
+        raise ValueError("dfkv HiCache: rail_affinity needs the rails (rail_affinity_devices or DFKV_RDMA_DEV)")
+    if len(set(rails)) != len(rails):
+        raise ValueError(f"dfkv HiCache: rail list {rails} names a rail twice")
+    if rank < 0 or fallbacks < 0:
+        raise ValueError(f"dfkv HiCache: rank {rank} / rail_affinity_fallbacks {fallbacks} must be >= 0")
+    n = len(rails)
+    chosen = [rails[(rank + k) % n] for k in range(min(fallbacks, n - 1) + 1)]
+    return {"DFKV_RDMA_DEV": ",".join(chosen), "DFKV_RDMA_PRIMARY_DEV": chosen[0], "DFKV_RDMA_NUMA": "0",
+            "DFKV_RDMA_TIERS": ""}
 
 
 def _arange(n: int) -> Any:
@@ -121,6 +212,23 @@ class DfkvHiCacheStorage(HiCacheStorage):
             writer = (not self.is_mla) or self.tp_rank == 0
         self.is_writer = bool(writer)
         self.model = self.cfg.model or g("model_name", None) or "unknown-model"
+
+        # RDMA rail affinity: this worker's rail by its physical rank (module docstring).
+        self.rail_rank: Optional[int] = None
+        self.rail_env: Dict[str, str] = {}
+        if _as_bool(extra.get("rail_affinity", 0)):
+            rails = _split(extra.get("rail_affinity_devices")) or _split(os.environ.get("DFKV_RDMA_DEV")) \
+                or _sysfs_rails()
+            self.rail_rank = physical_rank(sc, extra)
+            self.rail_env = rail_affinity_env(self.rail_rank, rails,
+                                              _int_key(extra, "rail_affinity_fallbacks", 1))
+            if os.environ.get("DFKV_RDMA_TIERS", "").strip():
+                logger.warning("dfkv HiCache: rail_affinity replaces DFKV_RDMA_TIERS=%s in this process",
+                               os.environ["DFKV_RDMA_TIERS"])
+            self.cfg.lib_env.update(self.rail_env)
+            logger.info("dfkv HiCache: rail affinity: physical rank %d (tp_rank %d, dp_rank %d) -> "
+                        "rails %s, NUMA selection off", self.rail_rank, self.tp_rank,
+                        int(g("dp_rank", 0) or 0), self.rail_env["DFKV_RDMA_DEV"])
 
         self.mem_pool_host: Any = None
         self.registered_pools: Dict[str, Any] = {}

@@ -190,7 +190,7 @@ class MirrorMLAHostPool:
 
 
 def sglang_backend(members: str, tenant: str, pool: Any, *, tp_rank: int = 0, tp_size: int = 1,
-                   mla: bool = False, extra: Optional[Dict[str, Any]] = None) -> Any:
+                   mla: bool = False, extra: Optional[Dict[str, Any]] = None, dp_rank: int = 0) -> Any:
     """Build the dfkv backend exactly as SGLang does: HiCacheStorageConfig + the real
     StorageBackendFactory's dynamic path, then register_mem_pool_host."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
@@ -203,7 +203,7 @@ def sglang_backend(members: str, tenant: str, pool: Any, *, tp_rank: int = 0, tp
     sc = HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
                               attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
                               is_page_first_layout=True, model_name="dfkv-test/tiny-model",
-                              extra_config=cfg)
+                              dp_rank=dp_rank, extra_config=cfg)
     backend = StorageBackendFactory.create_backend("dynamic", sc, pool)
     backend.register_mem_pool_host(pool)
     return backend

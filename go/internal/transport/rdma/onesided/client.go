@@ -280,6 +280,8 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 	for _, op := range ops {
 		op.Status, op.ValueLen, op.N, op.Posted = fb.StatusUnavailable, 0, 0, false
 	}
+	// sgIn: the multi-SGE requests of window (in flight on this QP; SGMetrics).
+	var sgIn int64
 	var window []pending
 	defer func() { // a broken connection: what was in flight lets go of its transient MRs
 		for i := range window {
@@ -299,11 +301,22 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 				continue
 			}
 			window = append(window, p)
+			if p.op.MultiSGE() {
+				if sgIn > 0 {
+					c.M.SG.Overlaps.Add(1)
+				}
+				sgIn++
+				c.M.SG.Ops.Add(1)
+				c.M.SG.raise(sgIn)
+			}
 			i++
 			continue
 		}
 		if err := c.complete(ctx, window[0]); err != nil {
 			return c.breakLocked(err)
+		}
+		if window[0].op.MultiSGE() {
+			sgIn--
 		}
 		c.done(&window[0])
 		window = window[1:]

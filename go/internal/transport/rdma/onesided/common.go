@@ -174,6 +174,8 @@ type Metrics struct {
 	// completion of an earlier connection), dropped instead of delivered (docs/RDMA.md,
 	// "Generation fencing").
 	StaleCompletions atomic.Int64
+	// SG: multi-SGE requests per QP (sg.go).
+	SG SGMetrics
 }
 
 // Snapshot returns the metrics by their exported names.
@@ -186,7 +188,7 @@ func (m *Metrics) Snapshot() map[string]float64 {
 }
 
 func (m *Metrics) snapshot() map[string]float64 {
-	return map[string]float64{
+	out := map[string]float64{
 		"dfkv_rdma_v1_conns_opened_total":         float64(m.V1ConnsOpened.Load()),
 		"dfkv_rdma_v2_conns_opened_total":         float64(m.V2ConnsOpened.Load()),
 		"dfkv_rdma_v2_put_writes_total":           float64(m.V2PutWrites.Load()),
@@ -217,6 +219,8 @@ func (m *Metrics) snapshot() map[string]float64 {
 		"dfkv_rdma_pool_full_total":               float64(m.PoolFull.Load()),
 		"dfkv_rdma_stale_completions_total":       float64(m.StaleCompletions.Load()),
 	}
+	m.SG.add(out)
+	return out
 }
 
 // pollSlice bounds one wait on the receive CQ so that send-side errors (which complete on

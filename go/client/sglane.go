@@ -1,0 +1,391 @@
+package client
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
+	"github.com/dfkv/dfkv/go/internal/wire/fb"
+)
+
+// The SG lane (docs/RDMA.md, "SG lane"): multi-SGE requests (an op whose caller memory is
+// more than one piece, typically device-direct pages gathered from registered ranges) never
+// share a QP with another request in flight. NICs have been seen to overlap multi-SGE
+// writes of distinct registered ranges on one QP and fail them with protection errors, so
+// these requests get their own pool of connections per server, each negotiated at depth 1;
+// a batch's SG requests still fan out over up to RDMAOptions.Depth such connections at
+// once, so the batch keeps its width while every QP carries one request (one registered
+// range set) at a time.
+
+// sgLaneOff routes multi-SGE requests through the scalar pool as before the lane existed
+// (tests only: it shows the per-QP series would catch an overlap).
+var sgLaneOff atomic.Bool
+
+// sgLane is one server's SG-lane connections; guarded by its peerRDMA's mu.
+type sgLane struct {
+	idle    []idleConn                  // most recently used last
+	all     map[*onesided.Client]string // every open lane connection and its rail
+	dialing int                         // lane bootstraps in progress (count against the bound)
+}
+
+// sgLaneMetrics are the client's SG lane series.
+type sgLaneMetrics struct {
+	opened  prometheus.Counter
+	full    prometheus.Counter
+	busy    atomic.Int64 // lane connections running a request now
+	busyMax atomic.Int64 // the most ever at once: the width a batch reached
+}
+
+func (c *Client) registerSGLaneMetrics() {
+	m := &sgLaneMetrics{
+		opened: prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_rdma_sg_lane_conns_opened_total",
+			Help: "SG lane RDMA connections (depth 1, multi-SGE requests only) this client opened."}),
+		full: prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_rdma_sg_lane_full_total",
+			Help: "A batch wanted another SG lane connection to a server and the lane was at its bound."}),
+	}
+	c.m.reg.MustRegister(m.opened, m.full,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dfkv_rdma_sg_lane_conns",
+			Help: "SG lane RDMA connections open now (all servers)."}, func() float64 { return float64(c.sgLaneConns()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dfkv_rdma_sg_lane_busy",
+			Help: "SG lane connections running a request now."}, func() float64 { return float64(m.busy.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dfkv_rdma_sg_lane_busy_max",
+			Help: "The most SG lane connections ever running a request at once (a batch's SG width)."},
+			func() float64 { return float64(m.busyMax.Load()) }))
+	c.rdma.sg = m
+}
+
+func (c *Client) sgLaneConns() int {
+	c.mu.RLock()
+	peers := make([]*peer, 0, len(c.peers))
+	for _, p := range c.peers {
+		peers = append(peers, p)
+	}
+	c.mu.RUnlock()
+	n := 0
+	for _, p := range peers {
+		p.rdma.mu.Lock()
+		n += len(p.rdma.sg.all)
+		p.rdma.mu.Unlock()
+	}
+	return n
+}
+
+// sgLaneMax bounds one server's SG lane connections: RDMAOptions.SGLaneConns, default the
+// scalar pool's bound. A lane connection leases one receive slot, a scalar one Depth.
+func (c *Client) sgLaneMax() int {
+	if n := c.opts.RDMA.SGLaneConns; n > 0 {
+		return n
+	}
+	if n := c.opts.RDMA.MaxConns; n > 0 {
+		return n
+	}
+	return c.opts.PoolSize
+}
+
+// takeIdleLocked removes the idle lane connections drop selects and returns them for the
+// caller to close outside the peer's mu.
+func (l *sgLane) takeIdleLocked(drop func(idleConn) bool) []*onesided.Client {
+	var out []*onesided.Client
+	keep := l.idle[:0]
+	for _, ic := range l.idle {
+		if drop(ic) {
+			out = append(out, ic.oc)
+			delete(l.all, ic.oc)
+		} else {
+			keep = append(keep, ic)
+		}
+	}
+	clear(l.idle[len(keep):])
+	l.idle = keep
+	return out
+}
+
+// closeLocked closes every lane connection (the peer's pool is closing).
+func (l *sgLane) closeLocked() {
+	for oc := range l.all {
+		oc.Close()
+	}
+	l.all, l.idle = nil, nil
+}
+
+// sgConn returns an idle or new SG lane connection to p and its rail, or nil (p is served
+// over TCP, no rail is usable, or the lane is at its bound). Like rdmaConn, a dial that
+// fails on its rail before anything was submitted tries the next candidate rail.
+func (c *Client) sgConn(ctx context.Context, p *peer) (*onesided.Client, string) {
+	for range len(c.rdma.rc.devices) {
+		oc, rail, err := c.sgConnOnce(ctx, p)
+		if oc != nil || err != nil || rail == "" || !p.rdma.quarantined(rail, time.Now()) || ctx.Err() != nil {
+			return oc, rail
+		}
+	}
+	oc, rail, _ := c.sgConnOnce(ctx, p)
+	return oc, rail
+}
+
+func (c *Client) sgConnOnce(ctx context.Context, p *peer) (*onesided.Client, string, error) {
+	r := &p.rdma
+	r.mu.Lock()
+	if r.tcp || r.closed {
+		r.mu.Unlock()
+		return nil, "", nil
+	}
+	r.mu.Unlock()
+	rail, err := c.pickRail(p)
+	if err != nil {
+		c.rdma.rm.noRail.Inc()
+		return nil, "", err
+	}
+	r.mu.Lock()
+	for i := len(r.sg.idle) - 1; i >= 0; i-- {
+		if r.sg.idle[i].rail == rail {
+			oc := r.sg.idle[i].oc
+			r.sg.idle = append(r.sg.idle[:i], r.sg.idle[i+1:]...)
+			r.mu.Unlock()
+			return oc, rail, nil
+		}
+	}
+	if len(r.sg.all)+r.sg.dialing >= c.sgLaneMax() {
+		r.mu.Unlock()
+		c.rdma.sg.full.Inc()
+		return nil, "", nil
+	}
+	r.sg.dialing++
+	v1 := r.v1 || c.opts.RDMA.ForceV1
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.sg.dialing--
+		r.mu.Unlock()
+	}()
+	oc := c.rdmaDialLane(ctx, p, rail, v1, true)
+	if oc == nil && !v1 && r.speaksV1() {
+		oc = c.rdmaDialLane(ctx, p, rail, true, true)
+	}
+	if oc != nil {
+		c.rdma.sg.opened.Inc()
+	}
+	return oc, rail, nil
+}
+
+// sgPut returns a lane connection to p's lane (or closes it past the lane's bound).
+func (c *Client) sgPut(p *peer, oc *onesided.Client, rail string) {
+	r := &p.rdma
+	r.mu.Lock()
+	if _, ok := r.sg.all[oc]; ok && !r.closed && len(r.sg.idle) < c.sgLaneMax() {
+		r.sg.idle = append(r.sg.idle, idleConn{oc: oc, rail: rail, since: time.Now()})
+		oc = nil
+	} else {
+		delete(r.sg.all, oc)
+	}
+	r.mu.Unlock()
+	if oc != nil {
+		oc.Close()
+	}
+}
+
+// sgDrop closes a broken lane connection.
+func (c *Client) sgDrop(p *peer, oc *onesided.Client) {
+	p.rdma.mu.Lock()
+	delete(p.rdma.sg.all, oc)
+	p.rdma.mu.Unlock()
+	oc.Close()
+}
+
+// rdmaRun runs one batch chunk's ops over RDMA: multi-SGE ops on the SG lane, the others as
+// one window on a scalar connection, both at once. handled is false when nothing ran over
+// RDMA (p is served over TCP); unsent are ops never submitted (the lane or the scalar pool
+// was full, or p is on TCP), which the caller sends over TCP. err is for the ops left with
+// Status Unavailable.
+func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (handled bool, unsent map[*onesided.Op]bool, err error) {
+	var scalar, sg []*onesided.Op
+	for _, o := range ops {
+		if o.MultiSGE() && !sgLaneOff.Load() {
+			sg = append(sg, o)
+		} else {
+			scalar = append(scalar, o)
+		}
+	}
+	if len(sg) == 0 {
+		handled, err = c.rdmaDo(ctx, p, ops)
+		return handled, nil, err
+	}
+	var (
+		wg         sync.WaitGroup
+		sHandled   bool
+		sErr       error
+		laneUnsent map[*onesided.Op]bool
+		laneErr    error
+	)
+	if len(scalar) > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sHandled, sErr = c.rdmaDo(ctx, p, scalar)
+		}()
+	}
+	laneUnsent, laneErr = c.sgRun(ctx, p, sg)
+	// What the lane could not take (at its bound, or the server refused another lease) runs
+	// one request at a time on scalar connections: still one multi-SGE request per QP, and
+	// still RDMA. Only what those cannot take either goes over TCP.
+	for _, o := range sg {
+		if !laneUnsent[o] {
+			continue
+		}
+		h, e := c.rdmaDo(ctx, p, []*onesided.Op{o})
+		if !h {
+			continue
+		}
+		delete(laneUnsent, o)
+		if laneErr == nil {
+			laneErr = e
+		}
+	}
+	wg.Wait()
+	unsent = laneUnsent
+	if len(scalar) > 0 && !sHandled {
+		for _, o := range scalar {
+			unsent[o] = true
+		}
+	}
+	if len(unsent) == len(ops) {
+		return false, nil, nil
+	}
+	err = sErr
+	if err == nil {
+		err = laneErr
+	}
+	return true, unsent, err
+}
+
+// sgExec runs one multi-SGE op on the SG lane, else alone on a scalar connection (one
+// request in flight there too); handled is false when it was not sent.
+func (c *Client) sgExec(ctx context.Context, p *peer, op *onesided.Op) (handled bool, err error) {
+	unsent, err := c.sgRun(ctx, p, []*onesided.Op{op})
+	if unsent[op] {
+		return c.rdmaDo(ctx, p, []*onesided.Op{op})
+	}
+	return true, err
+}
+
+// sgRun runs multi-SGE ops on p's SG lane: up to RDMAOptions.Depth lane connections at
+// once, one request in flight on each. It returns the ops never submitted (no lane
+// connection could be had for them: they may go over TCP, even PUTs) and the error of the
+// ops left Unavailable. A broken lane connection quarantines its rail towards p; its GET or
+// EXIST is replayed on a lane connection of another rail; a PUT or REMOVE that may have
+// been submitted is not. Every wait is bounded by one I/O deadline for the whole call.
+func (c *Client) sgRun(ctx context.Context, p *peer, ops []*onesided.Op) (unsent map[*onesided.Op]bool, err error) {
+	unsent = map[*onesided.Op]bool{}
+	type laneConn struct {
+		oc   *onesided.Client
+		rail string
+	}
+	width := min(int(c.rdmaDepth()), len(ops))
+	var conns []laneConn
+	for len(conns) < width {
+		oc, rail := c.sgConn(ctx, p)
+		if oc == nil {
+			break
+		}
+		conns = append(conns, laneConn{oc, rail})
+	}
+	if len(conns) == 0 {
+		for _, o := range ops {
+			unsent[o] = true
+		}
+		return unsent, nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.opts.IOTimeout)
+	defer cancel()
+	for _, o := range ops { // until its reply arrives an op reads Unavailable
+		o.Status = fb.StatusUnavailable
+	}
+	var (
+		next    atomic.Int64
+		started = make([]bool, len(ops))
+		mu      sync.Mutex
+		first   error
+		wg      sync.WaitGroup
+	)
+	fail := func(e error) {
+		mu.Lock()
+		if first == nil {
+			first = e
+		}
+		mu.Unlock()
+	}
+	m := c.rdma.sg
+	for _, lc := range conns {
+		wg.Add(1)
+		go func(oc *onesided.Client, rail string) {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(ops) {
+					break
+				}
+				started[i] = true
+				op := ops[i]
+				for {
+					b := m.busy.Add(1)
+					raiseMax(&m.busyMax, b)
+					derr := oc.Do(dctx, []*onesided.Op{op})
+					m.busy.Add(-1)
+					if derr == nil {
+						c.rdma.rm.ops.WithLabelValues(rail).Inc()
+						break
+					}
+					c.sgDrop(p, oc)
+					oc = nil
+					if cerr := ctx.Err(); cerr != nil {
+						fail(ctxErr(p.addr, cerr))
+						return
+					}
+					if dctx.Err() == nil && rail != "" {
+						c.quarantineRail(p, rail)
+						if replay, _ := splitReplay([]*onesided.Op{op}); len(replay) == 1 { // a read, or a write never posted
+							if noc, nrail := c.sgConn(dctx, p); noc != nil && nrail != rail {
+								c.rdma.rm.replays.WithLabelValues(nrail).Inc()
+								c.opts.Logger.Info("dfkv: rdma rail broke; replaying an SG read on another rail",
+									"server", p.addr, "from", rail, "to", nrail, "err", derr)
+								oc, rail = noc, nrail
+								continue
+							} else if noc != nil {
+								c.sgPut(p, noc, nrail)
+							}
+						}
+						if _, perr := c.pickRail(p); perr == nil {
+							fail(ioErr(p.addr, derr)) // another rail is usable: the rail failed, not the peer
+							return
+						}
+					}
+					p.markFailed()
+					fail(ioErr(p.addr, derr))
+					return
+				}
+			}
+			p.markHealthy()
+			c.sgPut(p, oc, rail)
+		}(lc.oc, lc.rail)
+	}
+	wg.Wait()
+	for i, o := range ops {
+		if !started[i] { // every lane connection broke before this op was taken: nothing sent
+			unsent[o] = true
+		}
+	}
+	return unsent, first
+}
+
+// raiseMax lifts *m to n.
+func raiseMax(m *atomic.Int64, n int64) {
+	for {
+		cur := m.Load()
+		if n <= cur || m.CompareAndSwap(cur, n) {
+			return
+		}
+	}
+}
