@@ -23,6 +23,7 @@ type gateFS struct {
 	vfs.FS
 	mu      sync.Mutex
 	armed   bool
+	target  string        // the held write is to a file whose path contains this
 	torn    bool          // land the first half of the held write before holding it
 	entered chan gateHold // one held write at a time
 	release chan struct{}
@@ -37,10 +38,18 @@ func newGateFS() *gateFS {
 	return &gateFS{FS: vfs.Default, entered: make(chan gateHold, 1), release: make(chan struct{})}
 }
 
-func (g *gateFS) arm(torn bool) {
+func (g *gateFS) arm(target string, torn bool) {
 	g.mu.Lock()
-	g.armed, g.torn = true, torn
+	g.armed, g.target, g.torn = true, target, torn
 	g.mu.Unlock()
+}
+
+func (g *gateFS) OpenFile(path string, flag int, perm os.FileMode) (vfs.File, error) {
+	f, err := g.FS.OpenFile(path, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &gateFile{File: f, g: g}, nil
 }
 
 func (g *gateFS) OpenDirect(path string, create bool) (vfs.File, error) {
@@ -59,8 +68,10 @@ type gateFile struct {
 func (f *gateFile) WriteAt(p []byte, off int64) (int, error) {
 	g := f.g
 	g.mu.Lock()
-	armed, torn := g.armed, g.torn
-	g.armed = false // one write per arming
+	armed, torn := g.armed && strings.Contains(f.Name(), g.target), g.torn
+	if armed {
+		g.armed = false // one write per arming
+	}
 	g.mu.Unlock()
 	if !armed {
 		return f.File.WriteAt(p, off)
@@ -81,11 +92,21 @@ func (f *gateFile) WriteAt(p []byte, off int64) (int, error) {
 func snapshot(t *testing.T, src string) string {
 	t.Helper()
 	dst := t.TempDir()
+	copyTree(t, src, dst, func(string) bool { return true })
+	return dst
+}
+
+// copyTree copies the files of src whose path (relative to src) keep accepts into dst.
+func copyTree(t *testing.T, src, dst string, keep func(rel string) bool) {
+	t.Helper()
 	err := filepath.Walk(src, func(path string, fi os.FileInfo, err error) error {
 		if err != nil {
 			return err
 		}
 		rel, _ := filepath.Rel(src, path)
+		if !fi.IsDir() && !keep(rel) {
+			return nil
+		}
 		to := filepath.Join(dst, rel)
 		if fi.IsDir() {
 			return os.MkdirAll(to, 0o700)
@@ -108,7 +129,6 @@ func snapshot(t *testing.T, src string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return dst
 }
 
 // TestRecordDurableBeforePayload covers the crash window the overlapped payload write and
@@ -161,7 +181,7 @@ func TestRecordDurableBeforePayload(t *testing.T) {
 			wantOff, older := tc.prepare(t, e, k)
 			newest := testValue(99, size)
 
-			g.arm(tc.torn)
+			g.arm(extentsDir, tc.torn)
 			done := make(chan error, 1)
 			go func() { done <- put(e, k, newest) }()
 			hold := <-g.entered
@@ -216,5 +236,66 @@ func TestRecordDurableBeforePayload(t *testing.T) {
 			mustPut(t, e3, k, newest)
 			mustGet(t, e3, k, newest)
 		})
+	}
+}
+
+// TestTakenVictimPayloadBeforeRecord covers the other window of a full cache's PUT: the
+// Put reuses its CLOCK victim's slot at once (no tombstone commit first), so a crash can
+// leave the victim's live record over the new payload, or a torn one. The crash state is
+// built from the table as it was when the new record was about to be written (held) and the
+// extents after the Put completed. The victim must read as a CRC miss, never the new bytes
+// under its key, and the new key (no record) as a miss.
+func TestTakenVictimPayloadBeforeRecord(t *testing.T) {
+	const size = 1 * mib // one slot per 1 MiB extent: 8 values fill the test cache
+	g := newGateFS()
+	cfg := testConfig(t.TempDir())
+	cfg.FS = g
+	e := mustOpen(t, cfg)
+	offs := map[int]int64{}
+	exts := map[int]int{}
+	for i := range 8 {
+		mustPut(t, e, testKey(i), testValue(i, size))
+		exts[i], offs[i], _, _ = e.slotOf(testKey(i))
+	}
+	syncs := e.tblSync.count()
+	k := testKey(100)
+	g.arm(tableName, false)
+	done := make(chan error, 1)
+	go func() { done <- put(e, k, testValue(100, size)) }()
+	<-g.entered // the new record's write is held; the victim is out of the index
+	crashed := t.TempDir()
+	copyTree(t, cfg.Dir, crashed, func(rel string) bool { return !strings.HasPrefix(rel, extentsDir) })
+	close(g.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := e.tblSync.count() - syncs; n != 1 {
+		t.Fatalf("the evicting Put took %d table commits, want 1 (its own record's)", n)
+	}
+	victim := -1
+	for i := range 8 {
+		if _, err := get(e, testKey(i)); errors.Is(err, store.ErrNotFound) {
+			victim = i
+		}
+	}
+	ext, off, _, ok := e.slotOf(k)
+	if victim < 0 || !ok || ext != exts[victim] || off != offs[victim] {
+		t.Fatalf("victim %d: the new value is at extent %d offset %d, want the victim's slot", victim, ext, off)
+	}
+	copyTree(t, cfg.Dir, crashed, func(rel string) bool { return strings.HasPrefix(rel, extentsDir) })
+
+	e2 := mustOpen(t, testConfig(crashed))
+	got, err := get(e2, testKey(victim))
+	if err == nil {
+		t.Fatalf("the victim returns %d bytes (new value: %v)", len(got), bytes.Equal(got, testValue(100, size)))
+	}
+	if !errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("victim: %v; want a miss detected by the payload CRC (its record is live in the crash state)", err)
+	}
+	mustNotFound(t, e2, k)
+	for i := range 8 {
+		if i != victim {
+			mustGet(t, e2, testKey(i), testValue(i, size))
+		}
 	}
 }
