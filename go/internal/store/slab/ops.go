@@ -408,7 +408,10 @@ func (e *Engine) readPinned(key store.Key, s *slot, buf []byte) (int, error) {
 	if crc32.Checksum(buf[:length], castagnoli) != crc {
 		e.nCorrupt.Add(1)
 		e.drop(key, s)
-		e.log.Warn("slab: payload CRC mismatch; value dropped", "object", key.ID.String(), "extent", ext.idx, "slot", s.idx)
+		// After a crash this is also how a PUT the crash interrupted reads (its record
+		// durable, its payload not: see overlapped), hence the hint.
+		e.log.Warn("slab: payload CRC mismatch; value dropped", "object", key.ID.String(), "extent", ext.idx, "slot", s.idx,
+			"after_unclean_stop", e.unclean)
 		return 0, fmt.Errorf("slab: get %s: extent %d slot %d: %w: %w", key.ID, ext.idx, s.idx, store.ErrNotFound, store.ErrCorrupt)
 	}
 	return int(length), nil
