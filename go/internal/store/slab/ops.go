@@ -81,8 +81,8 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	return e.finish(&st)
 }
 
-// overlapped writes the payloads of staged Puts (records already written) while the table
-// commit that makes their records durable runs, and returns when both are done. A record can
+// overlapped makes the records of staged Puts durable with one table commit while their
+// payload writes (started by stage) run, and returns when both are done. A record can
 // therefore be durable before its payload: a crash in between leaves a record whose slot
 // holds a torn payload or the bytes of the slot's previous tenant. That is safe because every
 // read checks the payload against the record's CRC32C (a mismatch is a miss and drops the
@@ -91,22 +91,16 @@ func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 // only when both writes are durable. It saves the commit's latency on every Put: the payload
 // write and the fdatasync overlap instead of following each other.
 func (e *Engine) overlapped(sts []*staged) {
-	var wg sync.WaitGroup
 	need := false
 	for _, st := range sts {
 		need = need || st.recErr == nil
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			st.payErr = e.writePayload(st)
-		}()
 	}
 	var commitErr error
 	if need {
 		commitErr = e.commitTable()
 	}
-	wg.Wait()
 	for _, st := range sts {
+		st.payload.Wait()
 		st.commitErr = commitErr
 	}
 }
@@ -170,8 +164,8 @@ func (e *Engine) PutFromBatch(items []store.DirectItem, errs []error) {
 	commit()
 }
 
-// staged is a Put between its record write and the overlapped payload write and table
-// commit that make it durable.
+// staged is a Put between stage (slot reserved, payload write started, record written) and
+// the table commit that, with the payload write, makes it durable.
 type staged struct {
 	key      store.Key
 	size, ci int
@@ -184,19 +178,21 @@ type staged struct {
 	tombs    []*slot
 	recErr   error // the record write failed (the commit is then not needed for it)
 
-	payErr, commitErr error // set by overlapped
+	payload           sync.WaitGroup // the payload write stage started
+	payErr, commitErr error          // set by the payload write and by overlapped
 
 	victimBuf, tombBuf [8]*slot
 }
 
-// stage reserves a slot and writes, without syncing, the evicted values' tombstones, the
-// replaced value's tombstone and the record; overlapped then writes the payload and commits.
-// An error means nothing is left to finish.
+// stage reserves a slot, starts the payload write, computes the CRC32C meanwhile, and
+// writes, without syncing, the evicted values' tombstones, the replaced value's tombstone
+// and the record; overlapped then commits and waits for the payload. An error means nothing
+// is left to finish. The payload may land before or after the record: either order is a
+// CRC miss after a crash until both are durable (see overlapped).
 func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWait bool) error {
 	n := alignUp(int64(size))
 	clear(buf[size:n]) // the tail padding must not carry stale bytes of another value
 	st.key, st.size, st.ci, st.buf = key, size, ci, buf
-	st.crc = crc32.Checksum(buf[:size], castagnoli)
 
 	s, evicted, err := e.reserve(ci, st.victimBuf[:0], noWait)
 	if err == errWouldWait {
@@ -206,6 +202,12 @@ func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWa
 		return fmt.Errorf("slab: put %s (%d bytes): %w", key.ID, size, err)
 	}
 	st.s = s
+	st.payload.Add(1)
+	go func() {
+		defer st.payload.Done()
+		st.payErr = e.writePayload(st)
+	}()
+	st.crc = crc32.Checksum(buf[:size], castagnoli) // while the device writes the same bytes
 
 	// The value this Put replaces (if any) is pinned, so that its slot cannot be reused
 	// under the tombstone written below, and tombstoned in the same group commit as the new

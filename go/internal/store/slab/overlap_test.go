@@ -5,12 +5,14 @@ package slab
 import (
 	"bytes"
 	"errors"
+	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/vfs"
@@ -191,6 +193,8 @@ func TestRecordDurableBeforePayload(t *testing.T) {
 			if wantOff >= 0 && hold.off != wantOff {
 				t.Fatalf("the Put landed at offset %d, want the previous tenant's slot at %d", hold.off, wantOff)
 			}
+			// The payload write starts before the record is written: wait for the record.
+			waitRecord(t, cfg.Dir, k, newest)
 			// Every table write made so far (the held Put's record and tombstones included)
 			// is durable now; the payload is not.
 			if err := e.commitTable(); err != nil {
@@ -297,5 +301,28 @@ func TestTakenVictimPayloadBeforeRecord(t *testing.T) {
 		if i != victim {
 			mustGet(t, e2, testKey(i), testValue(i, size))
 		}
+	}
+}
+
+// waitRecord waits (at most 10 s) until slots.tbl holds a live record of key for value v.
+func waitRecord(t *testing.T, dir string, key store.Key, v []byte) {
+	t.Helper()
+	crc := crc32.Checksum(v, castagnoli)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, tableName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i+recordSize <= len(b); i += recordSize {
+			r, err := decodeRecord(b[i : i+recordSize])
+			if err == nil && r.State == stateLive && r.Key == key && r.CRC == crc && int(r.Length) == len(v) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the held Put's record never reached the table")
+		}
+		time.Sleep(time.Millisecond) // polls for the condition above
 	}
 }
