@@ -114,15 +114,6 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 	}
 }
 
-// unreserve returns a reserved slot whose payload write failed; no live record names it.
-func (e *Engine) unreserve(s *slot) {
-	e.allocMu.Lock()
-	e.killLocked(s, false)
-	e.allocMu.Unlock()
-	s.tombDone.Store(true)
-	e.tryRelease(s)
-}
-
 // killLocked marks a slot that left (or never entered) the index as dead.
 func (e *Engine) killLocked(s *slot, countObject bool) {
 	if s.state == slotReserved {

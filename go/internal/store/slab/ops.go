@@ -68,10 +68,10 @@ func (e *Engine) checkDirect(key store.Key, src []byte, size int) error {
 }
 
 // store writes buf[:size] (buf aligned, at least alignUp(size) long) as key's value in a
-// slot of class ci: the record goes to the table first, then the payload's O_DIRECT|O_DSYNC
-// write and the table's group commit run side by side, and the value is published (and the
-// Put acknowledged) once both are durable. See overlapped for why the record may be
-// durable before its payload.
+// slot of class ci: the payload's O_DIRECT|O_DSYNC write starts as soon as the slot is
+// reserved, the record is written meanwhile and made durable by the table's group commit
+// while the payload write runs, and the value is published (and the Put acknowledged) once
+// both are durable. See overlapped for why the record may be durable before its payload.
 func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	var st staged
 	if err := e.stage(&st, key, size, ci, buf, false); err != nil {
@@ -118,10 +118,11 @@ func (e *Engine) writePayload(st *staged) error {
 	return nil
 }
 
-// PutFromBatch implements store.BatchWriter: every record of the batch is written, then
-// the payloads are written side by side while one table commit makes the records durable
-// together (see overlapped), then each value is published. An item whose payload write
-// fails is reported and its record retired.
+// PutFromBatch implements store.BatchWriter: each item's payload write starts as its slot is
+// reserved (so the batch's payloads are written in parallel), its record is written
+// meanwhile, one table commit makes the batch's records durable together while the
+// payloads are still being written (see overlapped), then each value is published. An item
+// whose payload write fails is reported and its record retired.
 // When an item would have to wait for a slot to be released while earlier items hold
 // reservations (a small cache: they may be what it waits for), those are committed first.
 func (e *Engine) PutFromBatch(items []store.DirectItem, errs []error) {
