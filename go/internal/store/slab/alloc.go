@@ -25,14 +25,17 @@ import (
 //
 // With noWait it returns errWouldWait instead of waiting for a release (a batch whose own
 // reservations may be what the class waits for commits them first).
-func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot, error) {
+//
+// The bool reports a taken CLOCK victim (see reclaimLocked): its old record is still live
+// in the table, and the caller overwrites it before anything else.
+func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot, bool, error) {
 	cs := e.classes[ci].size
 	var deadline time.Time
 	for {
 		e.allocMu.Lock()
 		if e.closed.Load() {
 			e.allocMu.Unlock()
-			return nil, nil, store.ErrClosed
+			return nil, nil, false, store.ErrClosed
 		}
 		victims := victimBuf[:0]
 		if e.cfg.HighWatermark < 1 && e.used+cs > e.high {
@@ -50,7 +53,7 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 			s.released.Store(false)
 			e.used += cs
 			e.allocMu.Unlock()
-			return s, victims, nil
+			return s, victims, false, nil
 		}
 		more, taken := e.reclaimLocked(ci)
 		if taken != nil {
@@ -64,7 +67,7 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 			taken.released.Store(false)
 			e.used += cs
 			e.allocMu.Unlock()
-			return taken, victims, nil
+			return taken, victims, true, nil
 		}
 		victims = append(victims, more...)
 		if len(victims) == 0 && len(e.pool) > 0 {
@@ -84,13 +87,13 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 			continue
 		}
 		if !waitable {
-			return nil, nil, fmt.Errorf("no evictable slot for class %d (%d bytes): %w", ci, cs, store.ErrCacheFull)
+			return nil, nil, false, fmt.Errorf("no evictable slot for class %d (%d bytes): %w", ci, cs, store.ErrCacheFull)
 		}
 		if noWait {
 			e.allocMu.Lock()
 			e.waiters--
 			e.allocMu.Unlock()
-			return nil, nil, errWouldWait
+			return nil, nil, false, errWouldWait
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(reclaimWait)
@@ -100,7 +103,7 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 			e.allocMu.Lock()
 			e.waiters--
 			e.allocMu.Unlock()
-			return nil, nil, fmt.Errorf("pinned slots did not drain within %v: %w", reclaimWait, store.ErrCacheFull)
+			return nil, nil, false, fmt.Errorf("pinned slots did not drain within %v: %w", reclaimWait, store.ErrCacheFull)
 		}
 		t := time.NewTimer(wait)
 		select {

@@ -195,7 +195,7 @@ func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWa
 	clear(buf[size:n]) // the tail padding must not carry stale bytes of another value
 	st.key, st.size, st.ci, st.buf = key, size, ci, buf
 
-	s, evicted, err := e.reserve(ci, st.victimBuf[:0], noWait)
+	s, evicted, taken, err := e.reserve(ci, st.victimBuf[:0], noWait)
 	if err == errWouldWait {
 		return err
 	}
@@ -203,6 +203,14 @@ func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWa
 		return fmt.Errorf("slab: put %s (%d bytes): %w", key.ID, size, err)
 	}
 	st.s = s
+	if taken {
+		// The victim's record stays live in the table until this Put's record replaces
+		// it, after the CRC (milliseconds for a large value). A tombstone now (no sync: any
+		// later commit, this Put's included, makes it durable) keeps the window in which a
+		// crash could bring the evicted value back as short as a retired victim's was. If
+		// it fails, the record write below (or finish's retire) still replaces it.
+		_ = e.writeTombstone(s)
+	}
 	st.payload.Add(1)
 	go func() {
 		defer st.payload.Done()

@@ -25,9 +25,10 @@ type gateFS struct {
 	vfs.FS
 	mu      sync.Mutex
 	armed   bool
-	target  string        // the held write is to a file whose path contains this
-	torn    bool          // land the first half of the held write before holding it
-	entered chan gateHold // one held write at a time
+	target  string              // the held write is to a file whose path contains this
+	match   func(p []byte) bool // and, if set, carries bytes this accepts
+	torn    bool                // land the first half of the held write before holding it
+	entered chan gateHold       // one held write at a time
 	release chan struct{}
 }
 
@@ -70,7 +71,7 @@ type gateFile struct {
 func (f *gateFile) WriteAt(p []byte, off int64) (int, error) {
 	g := f.g
 	g.mu.Lock()
-	armed, torn := g.armed && strings.Contains(f.Name(), g.target), g.torn
+	armed, torn := g.armed && strings.Contains(f.Name(), g.target) && (g.match == nil || g.match(p)), g.torn
 	if armed {
 		g.armed = false // one write per arming
 	}
@@ -246,9 +247,10 @@ func TestRecordDurableBeforePayload(t *testing.T) {
 // TestTakenVictimPayloadBeforeRecord covers the other window of a full cache's PUT: the
 // Put reuses its CLOCK victim's slot at once (no tombstone commit first), so a crash can
 // leave the victim's live record over the new payload, or a torn one. The crash state is
-// built from the table as it was when the new record was about to be written (held) and the
-// extents after the Put completed. The victim must read as a CRC miss, never the new bytes
-// under its key, and the new key (no record) as a miss.
+// built from the table as it was when the Put's first table write (the victim's unsynced
+// tombstone) was about to happen (held) and the extents after the Put completed. The victim
+// must read as a CRC miss, never the new bytes under its key, and the new key (no record)
+// as a miss.
 func TestTakenVictimPayloadBeforeRecord(t *testing.T) {
 	const size = 1 * mib // one slot per 1 MiB extent: 8 values fill the test cache
 	g := newGateFS()
@@ -266,7 +268,7 @@ func TestTakenVictimPayloadBeforeRecord(t *testing.T) {
 	g.arm(tableName, false)
 	done := make(chan error, 1)
 	go func() { done <- put(e, k, testValue(100, size)) }()
-	<-g.entered // the new record's write is held; the victim is out of the index
+	hold := <-g.entered // the Put's first table write is held; the victim is out of the index
 	crashed := t.TempDir()
 	copyTree(t, cfg.Dir, crashed, func(rel string) bool { return !strings.HasPrefix(rel, extentsDir) })
 	close(g.release)
@@ -285,6 +287,9 @@ func TestTakenVictimPayloadBeforeRecord(t *testing.T) {
 	ext, off, _, ok := e.slotOf(k)
 	if victim < 0 || !ok || ext != exts[victim] || off != offs[victim] {
 		t.Fatalf("victim %d: the new value is at extent %d offset %d, want the victim's slot", victim, ext, off)
+	}
+	if want := (int64(exts[victim])*e.maxSlots + offs[victim]/size) * recordSize; hold.off != want {
+		t.Fatalf("the held table write is at %d, want the victim's record at %d", hold.off, want)
 	}
 	copyTree(t, cfg.Dir, crashed, func(rel string) bool { return strings.HasPrefix(rel, extentsDir) })
 
@@ -324,5 +329,60 @@ func waitRecord(t *testing.T, dir string, key store.Key, v []byte) {
 			t.Fatal("the held Put's record never reached the table")
 		}
 		time.Sleep(time.Millisecond) // polls for the condition above
+	}
+}
+
+// TestTakenVictimTombstonedAtOnce: the victim's record is replaced (by an unsynced
+// tombstone) as soon as its slot is taken, not only by the taking Put's own record after the
+// CRC (milliseconds for a large value), so a crash cannot bring the evicted value back once
+// any later commit ran (a later overwrite and Remove of the same key, say). With the Put's
+// record write held, a copy of the directory must serve the victim as a plain miss.
+func TestTakenVictimTombstonedAtOnce(t *testing.T) {
+	const size = 1 * mib
+	g := newGateFS()
+	cfg := testConfig(t.TempDir())
+	cfg.FS = g
+	e := mustOpen(t, cfg)
+	for i := range 8 {
+		mustPut(t, e, testKey(i), testValue(i, size))
+	}
+	k := testKey(100)
+	g.mu.Lock()
+	g.match = func(p []byte) bool { // the taking Put's own record
+		r, err := decodeRecord(p)
+		return len(p) == recordSize && err == nil && r.State == stateLive && r.Key == k
+	}
+	g.mu.Unlock()
+	g.arm(tableName, false)
+	done := make(chan error, 1)
+	go func() { done <- put(e, k, testValue(100, size)) }()
+	<-g.entered // the Put's record write is held: its CRC is done, its payload may be written
+	victim := -1
+	for i := range 8 {
+		if _, _, _, ok := e.slotOf(testKey(i)); !ok {
+			victim = i
+		}
+	}
+	if victim < 0 {
+		t.Fatal("no victim out of the index while the evicting Put's record write is held")
+	}
+	if err := e.commitTable(); err != nil { // any later commit, e.g. another key's Put
+		t.Fatal(err)
+	}
+	crashed := snapshot(t, cfg.Dir)
+	close(g.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	e2 := mustOpen(t, testConfig(crashed))
+	if got, err := get(e2, testKey(victim)); err == nil {
+		t.Fatalf("the evicted value came back after the crash (%d bytes)", len(got))
+	} else if !errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("victim: %v; want a plain miss (its record replaced)", err)
+	}
+	for i := range 8 {
+		if i != victim {
+			mustGet(t, e2, testKey(i), testValue(i, size))
+		}
 	}
 }
