@@ -25,14 +25,17 @@ import (
 //
 // With noWait it returns errWouldWait instead of waiting for a release (a batch whose own
 // reservations may be what the class waits for commits them first).
-func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot, error) {
+//
+// The bool reports a taken CLOCK victim (see reclaimLocked): its old record is still live
+// in the table, and the caller overwrites it before anything else.
+func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot, bool, error) {
 	cs := e.classes[ci].size
 	var deadline time.Time
 	for {
 		e.allocMu.Lock()
 		if e.closed.Load() {
 			e.allocMu.Unlock()
-			return nil, nil, store.ErrClosed
+			return nil, nil, false, store.ErrClosed
 		}
 		victims := victimBuf[:0]
 		if e.cfg.HighWatermark < 1 && e.used+cs > e.high {
@@ -50,9 +53,23 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 			s.released.Store(false)
 			e.used += cs
 			e.allocMu.Unlock()
-			return s, victims, nil
+			return s, victims, false, nil
 		}
-		victims = append(victims, e.reclaimLocked(ci)...)
+		more, taken := e.reclaimLocked(ci)
+		if taken != nil {
+			// The CLOCK victim is this Put's slot at once: see reclaimLocked.
+			e.classes[ci].pending--
+			taken.key = store.Key{}
+			e.classes[ci].reserved++
+			taken.ext.reserved++
+			taken.state = slotReserved
+			taken.tombDone.Store(false)
+			taken.released.Store(false)
+			e.used += cs
+			e.allocMu.Unlock()
+			return taken, victims, true, nil
+		}
+		victims = append(victims, more...)
 		if len(victims) == 0 && len(e.pool) > 0 {
 			e.allocMu.Unlock() // an empty extent went straight back to the pool
 			continue
@@ -70,13 +87,13 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 			continue
 		}
 		if !waitable {
-			return nil, nil, fmt.Errorf("no evictable slot for class %d (%d bytes): %w", ci, cs, store.ErrCacheFull)
+			return nil, nil, false, fmt.Errorf("no evictable slot for class %d (%d bytes): %w", ci, cs, store.ErrCacheFull)
 		}
 		if noWait {
 			e.allocMu.Lock()
 			e.waiters--
 			e.allocMu.Unlock()
-			return nil, nil, errWouldWait
+			return nil, nil, false, errWouldWait
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(reclaimWait)
@@ -86,7 +103,7 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 			e.allocMu.Lock()
 			e.waiters--
 			e.allocMu.Unlock()
-			return nil, nil, fmt.Errorf("pinned slots did not drain within %v: %w", reclaimWait, store.ErrCacheFull)
+			return nil, nil, false, fmt.Errorf("pinned slots did not drain within %v: %w", reclaimWait, store.ErrCacheFull)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -98,15 +115,6 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 		e.waiters--
 		e.allocMu.Unlock()
 	}
-}
-
-// unreserve returns a reserved slot whose payload write failed; no live record names it.
-func (e *Engine) unreserve(s *slot) {
-	e.allocMu.Lock()
-	e.killLocked(s, false)
-	e.allocMu.Unlock()
-	s.tombDone.Store(true)
-	e.tryRelease(s)
 }
 
 // killLocked marks a slot that left (or never entered) the index as dead.
@@ -292,7 +300,14 @@ func (e *Engine) evictGlobalLocked(need int64, victims []*slot) []*slot {
 // reclaimLocked frees room for class ci when it has no free slot and the pool is empty:
 // it steals the coldest extent of another class when that is colder than anything in ci
 // (the size mix shifted), else evicts ci's CLOCK victim.
-func (e *Engine) reclaimLocked(ci int) []*slot {
+//
+// A CLOCK victim that no reader pins once it is out of the index (none can pin it later) is
+// returned as taken instead, for the caller to reuse at once without a tombstone: the
+// caller's record goes to the same table address and replaces the victim's record, in the
+// caller's own group commit. Until that commit a crash can leave the victim's record over
+// the caller's payload (or a torn one): the read CRC makes that a miss, as for a record
+// durable before its payload (see overlapped). So a full cache's PUT pays no victim commit.
+func (e *Engine) reclaimLocked(ci int) (victims []*slot, taken *slot) {
 	c := &e.classes[ci]
 	e.leases.Prune()
 	var steal *extent
@@ -317,28 +332,29 @@ func (e *Engine) reclaimLocked(ci int) []*slot {
 		}
 	}
 	if steal != nil && (own == math.MaxInt64 || steal.lastAccess.Load() < own) {
-		return e.drainLocked(steal)
+		return e.drainLocked(steal), nil
 	}
-	// CLOCK victims are evicted a few at a time: their tombstones must be durable before
-	// the slots are reused, and one commit for several victims leaves free slots for the
-	// PUTs that follow, so a full cache's PUT does not pay a victim commit of its own
-	// before its record's commit every time.
-	var victims []*slot
+	// The first CLOCK victim is normally taken (above). One a reader still pins must wait
+	// for its reader and its tombstone before reuse; then victims are evicted a few at a
+	// time, so that one tombstone commit leaves free slots for the PUTs that follow.
 	for range e.reclaimBatch(c.size) {
 		s := e.clockVictimLocked(ci)
 		if s == nil {
 			break
 		}
 		e.evictLocked(s)
+		if len(victims) == 0 && s.pins.Load() == 0 {
+			return nil, s
+		}
 		victims = append(victims, s)
 	}
 	if len(victims) > 0 {
-		return victims
+		return victims, nil
 	}
 	if steal != nil {
-		return e.drainLocked(steal)
+		return e.drainLocked(steal), nil
 	}
-	return nil
+	return nil, nil
 }
 
 // errWouldWait: reserve would have to wait for a release (see reserve's noWait).

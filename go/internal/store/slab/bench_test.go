@@ -5,9 +5,11 @@ package slab
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -204,4 +206,77 @@ func BenchmarkRebuild1M(b *testing.B) {
 	}
 	b.ReportMetric(float64(records)*float64(b.N)/b.Elapsed().Seconds(), "records/s")
 	f.Close()
+}
+
+// BenchmarkSlabPutVsODirect1MiB measures the slab PUT and the raw O_DIRECT|O_DSYNC write
+// side by side in one run: the same engine state and raw file as BenchmarkSlabPut1MiB and
+// BenchmarkODirectWrite1MiB, 8 workers each, alternating in chunks of 64 operations so that
+// both see the same moments of a shared machine's drifting load. It reports the throughput
+// ratio over the whole run (slab/odirect) and the median of the per-chunk-pair ratios
+// (slab/odirect-median). b.N operations of each kind.
+func BenchmarkSlabPutVsODirect1MiB(b *testing.B) {
+	const chunk = 64
+	e := mustOpen(b, benchConfig(b.TempDir()))
+	src := testValue(1, benchBlock)
+	fill := func(dst []byte) error {
+		copy(dst, src)
+		return nil
+	}
+	for i := range int(benchConfig("").CapacityBytes / benchBlock) {
+		if err := e.Put(store.Key{ID: testKey(i).ID, Tenant: 2}, benchBlock, fill); err != nil {
+			b.Fatal(err)
+		}
+	}
+	fd, bufs := rawFile(b)
+	// run does n operations of op over benchWorkers goroutines and returns the wall time.
+	run := func(n int, op func(w, i int) error) time.Duration {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := range benchWorkers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= n {
+						return
+					}
+					if err := op(w, i); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return time.Since(start)
+	}
+	var slabT, rawT time.Duration
+	var ratios []float64
+	key := 0
+	b.SetBytes(2 * benchBlock)
+	b.ResetTimer()
+	for done := 0; done < b.N; done += chunk {
+		n := min(chunk, b.N-done)
+		base := key
+		key += n
+		putOp := func(_, i int) error { return e.Put(store.Key{ID: testKey(base + i).ID, Tenant: 1}, benchBlock, fill) }
+		rawOp := func(w, i int) error {
+			copy(bufs[w], src)
+			return writeAt(fd, bufs[w], int64((base+i)%benchKeys)*benchBlock)
+		}
+		var s, r time.Duration
+		if (done/chunk)%2 == 0 { // alternate which goes first
+			s, r = run(n, putOp), run(n, rawOp)
+		} else {
+			r, s = run(n, rawOp), run(n, putOp)
+		}
+		slabT, rawT = slabT+s, rawT+r
+		ratios = append(ratios, r.Seconds()/s.Seconds())
+	}
+	b.StopTimer()
+	slices.Sort(ratios)
+	b.ReportMetric(rawT.Seconds()/slabT.Seconds(), "slab/odirect")
+	b.ReportMetric(ratios[len(ratios)/2], "slab/odirect-median")
 }

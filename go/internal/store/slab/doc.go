@@ -14,10 +14,14 @@
 //	extents/NNNNNN fallocated extent files of ExtentBytes each; slot i of an extent of
 //	               class c lives at offset i*classSize(c). Payloads use O_DIRECT|O_DSYNC.
 //
-// Write ordering (payload durable, then record durable, then index) and CRC32C checks on
-// every read mean that a crash never makes the engine serve a half-written value: at
-// worst a value is missing. A slot is reused only after its tombstone is durable and every
-// reader that pinned it has finished.
+// A Put writes its record, then its payload and the record's group commit side by side, and
+// publishes the value in the index only when both are durable. A crash can therefore leave
+// a record whose payload never landed (torn, or a previous tenant's bytes), or an evicted
+// value's record over a new payload; CRC32C checks on every read make those misses, so the
+// engine never serves a half-written value or an older version after an acknowledged
+// overwrite: at worst a value is missing. A slot is reused only after every reader that
+// pinned it has finished, and after its tombstone is durable unless the reusing Put's own
+// record (same table address) replaces the old record.
 //
 // Eviction is on demand: a Put whose size class is full evicts the class's next CLOCK victim
 // (reads and store.Toucher add to a slot's reference count, up to 3, and each pass of the

@@ -5,15 +5,16 @@ package slab
 import (
 	"fmt"
 	"hash/crc32"
+	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/dfkv/dfkv/go/internal/store"
 )
 
-// Put stores a value: fill writes it straight into an aligned buffer, the payload is
-// written with O_DIRECT|O_DSYNC, then its record is made durable (group commit), and only
-// then is the value published in the index.
+// Put stores a value: fill writes it straight into an aligned buffer, the payload's
+// O_DIRECT|O_DSYNC write and its record's group commit run side by side (see overlapped),
+// and only once both are durable is the value published in the index.
 func (e *Engine) Put(key store.Key, size int, fill func(dst []byte) error) error {
 	if err := e.enter(); err != nil {
 		return err
@@ -67,22 +68,61 @@ func (e *Engine) checkDirect(key store.Key, src []byte, size int) error {
 }
 
 // store writes buf[:size] (buf aligned, at least alignUp(size) long) as key's value in a
-// slot of class ci: payload, then record, then index.
+// slot of class ci: the payload's O_DIRECT|O_DSYNC write starts as soon as the slot is
+// reserved, the record is written meanwhile and made durable by the table's group commit
+// while the payload write runs, and the value is published (and the Put acknowledged) once
+// both are durable. See overlapped for why the record may be durable before its payload.
 func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	var st staged
 	if err := e.stage(&st, key, size, ci, buf, false); err != nil {
 		return err
 	}
-	err := st.recErr
-	if err == nil {
-		err = e.commitTable()
-	}
-	return e.finish(&st, err)
+	e.overlapped([]*staged{&st})
+	return e.finish(&st)
 }
 
-// PutFromBatch implements store.BatchWriter: every payload and record of the batch is
-// written, then one table commit makes the records durable together, then each value is
-// published. Items whose payload write fails are reported and take no part in the commit.
+// overlapped makes the records of staged Puts durable with one table commit while their
+// payload writes (started by stage) run, and returns when both are done. A record can
+// therefore be durable before its payload: a crash in between leaves a record whose slot
+// holds a torn payload or the bytes of the slot's previous tenant. That is safe because every
+// read checks the payload against the record's CRC32C (a mismatch is a miss and drops the
+// value), the record already makes the key's older version unreachable (its tombstone rides
+// in the same commit, and the higher sequence wins at rebuild), and a Put is acknowledged
+// only when both writes are durable. It saves the commit's latency on every Put: the payload
+// write and the fdatasync overlap instead of following each other.
+func (e *Engine) overlapped(sts []*staged) {
+	need := false
+	for _, st := range sts {
+		need = need || st.recErr == nil
+	}
+	var commitErr error
+	if need {
+		commitErr = e.commitTable()
+	}
+	for _, st := range sts {
+		st.payload.Wait()
+		st.commitErr = commitErr
+	}
+}
+
+// writePayload writes a staged Put's payload into its slot.
+func (e *Engine) writePayload(st *staged) error {
+	s := st.s
+	n := alignUp(int64(st.size))
+	if err := writeAt(s.ext.f, st.buf[:n], int64(s.idx)*e.classes[st.ci].size); err != nil {
+		e.nIO.Add(1)
+		return fmt.Errorf("write extent %d slot %d: %w", s.ext.idx, s.idx, ioErr(err))
+	}
+	e.nWrites.Add(1)
+	e.nWriteBytes.Add(n)
+	return nil
+}
+
+// PutFromBatch implements store.BatchWriter: each item's payload write starts as its slot is
+// reserved (so the batch's payloads are written in parallel), its record is written
+// meanwhile, one table commit makes the batch's records durable together while the
+// payloads are still being written (see overlapped), then each value is published. An item
+// whose payload write fails is reported and its record retired.
 // When an item would have to wait for a slot to be released while earlier items hold
 // reservations (a small cache: they may be what it waits for), those are committed first.
 func (e *Engine) PutFromBatch(items []store.DirectItem, errs []error) {
@@ -94,24 +134,16 @@ func (e *Engine) PutFromBatch(items []store.DirectItem, errs []error) {
 	}
 	defer e.leave()
 	st := make([]staged, len(items))
-	pending := make([]int, 0, len(items)) // staged, not yet committed
+	pending := make([]*staged, 0, len(items)) // staged, not yet committed
+	at := make([]int, 0, len(items))
 	commit := func() {
-		need := false
-		for _, i := range pending {
-			need = need || st[i].recErr == nil
+		if len(pending) > 0 {
+			e.overlapped(pending)
 		}
-		var commitErr error
-		if need {
-			commitErr = e.commitTable()
+		for j, p := range pending {
+			errs[at[j]] = e.finish(p)
 		}
-		for _, i := range pending {
-			err := st[i].recErr
-			if err == nil {
-				err = commitErr
-			}
-			errs[i] = e.finish(&st[i], err)
-		}
-		pending = pending[:0]
+		pending, at = pending[:0], at[:0]
 	}
 	for i, it := range items {
 		if err := e.checkDirect(it.Key, it.Src, it.Size); err != nil {
@@ -128,16 +160,17 @@ func (e *Engine) PutFromBatch(items []store.DirectItem, errs []error) {
 			errs[i] = err
 			continue
 		}
-		pending = append(pending, i)
+		pending, at = append(pending, &st[i]), append(at, i)
 	}
 	commit()
 }
 
-// staged is a Put between its writes (payload durable, record and tombstones written) and
-// the table commit that makes the record durable.
+// staged is a Put between stage (slot reserved, payload write started, record written) and
+// the table commit that, with the payload write, makes it durable.
 type staged struct {
 	key      store.Key
 	size, ci int
+	buf      []byte // the payload, alignUp(size) bytes with zeroed padding
 	crc      uint32
 	seq      uint64
 	s        *slot
@@ -146,20 +179,23 @@ type staged struct {
 	tombs    []*slot
 	recErr   error // the record write failed (the commit is then not needed for it)
 
+	payload           sync.WaitGroup // the payload write stage started
+	payErr, commitErr error          // set by the payload write and by overlapped
+
 	victimBuf, tombBuf [8]*slot
 }
 
-// stage reserves a slot, writes the payload (O_DIRECT|O_DSYNC), and writes, without
-// syncing, the evicted values' tombstones, the replaced value's tombstone and the record.
-// An error means nothing is left to finish.
+// stage reserves a slot, starts the payload write, computes the CRC32C meanwhile, and
+// writes, without syncing, the evicted values' tombstones, the replaced value's tombstone
+// and the record; overlapped then commits and waits for the payload. An error means nothing
+// is left to finish. The payload may land before or after the record: either order is a
+// CRC miss after a crash until both are durable (see overlapped).
 func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWait bool) error {
-	cs := e.classes[ci].size
 	n := alignUp(int64(size))
 	clear(buf[size:n]) // the tail padding must not carry stale bytes of another value
-	st.key, st.size, st.ci = key, size, ci
-	st.crc = crc32.Checksum(buf[:size], castagnoli)
+	st.key, st.size, st.ci, st.buf = key, size, ci, buf
 
-	s, evicted, err := e.reserve(ci, st.victimBuf[:0], noWait)
+	s, evicted, taken, err := e.reserve(ci, st.victimBuf[:0], noWait)
 	if err == errWouldWait {
 		return err
 	}
@@ -167,15 +203,20 @@ func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWa
 		return fmt.Errorf("slab: put %s (%d bytes): %w", key.ID, size, err)
 	}
 	st.s = s
-	ext := s.ext
-	if err := writeAt(ext.f, buf[:n], int64(s.idx)*cs); err != nil {
-		e.nIO.Add(1)
-		e.unreserve(s) // no record points at the slot, so it is free again at once
-		_ = e.retire(evicted)
-		return fmt.Errorf("slab: put %s: write extent %d slot %d: %w", key.ID, ext.idx, s.idx, ioErr(err))
+	if taken {
+		// The victim's record stays live in the table until this Put's record replaces
+		// it, after the CRC (milliseconds for a large value). A tombstone now (no sync: any
+		// later commit, this Put's included, makes it durable) keeps the window in which a
+		// crash could bring the evicted value back as short as a retired victim's was. If
+		// it fails, the record write below (or finish's retire) still replaces it.
+		_ = e.writeTombstone(s)
 	}
-	e.nWrites.Add(1)
-	e.nWriteBytes.Add(n)
+	st.payload.Add(1)
+	go func() {
+		defer st.payload.Done()
+		st.payErr = e.writePayload(st)
+	}()
+	st.crc = crc32.Checksum(buf[:size], castagnoli) // while the device writes the same bytes
 
 	// The value this Put replaces (if any) is pinned, so that its slot cannot be reused
 	// under the tombstone written below, and tombstoned in the same group commit as the new
@@ -193,34 +234,45 @@ func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWa
 	var b [recordSize]byte
 	rec.encode(b[:])
 	if err := writeAt(e.tbl, b[:], int64(rec.Address)*recordSize); err != nil {
-		st.recErr = ioErr(err)
+		e.nIO.Add(1)
+		st.recErr = fmt.Errorf("record of extent %d slot %d: %w", s.ext.idx, s.idx, ioErr(err))
 	}
 	return nil
 }
 
-// finish completes a staged Put once the table commit covering its writes returned err:
-// on success the value is published (replacing prev), on failure every trace is retired.
-func (e *Engine) finish(st *staged, err error) error {
+// finish completes a staged Put once overlapped returned: when the payload and the record
+// are both durable the value is published (replacing prev), otherwise every trace is
+// retired.
+func (e *Engine) finish(st *staged) error {
 	key, s, prev := st.key, st.s, st.prev
-	ext := s.ext
 	if prev != nil {
 		defer e.unpin(prev)
 	}
-	e.finishTombstones(st.tombs, err)
-	if err != nil {
+	e.finishTombstones(st.tombs, st.commitErr)
+	err := st.payErr
+	if err == nil {
+		err = st.recErr
+	}
+	if err == nil && st.commitErr != nil {
 		e.nIO.Add(1)
+		err = fmt.Errorf("record of extent %d slot %d: %w", s.ext.idx, s.idx, st.commitErr)
+	}
+	if err != nil {
 		e.allocMu.Lock()
 		e.killLocked(s, false)
 		e.allocMu.Unlock()
-		_ = e.retire([]*slot{s}) // the record may be on disk: tombstone before reuse
+		// The record may be durable (without its payload, or with it): tombstone before
+		// reuse, so that the slot's next tenant is never read under this record.
+		_ = e.retire([]*slot{s})
 		if st.prevTomb {
 			// The previous value's tombstone may be on disk: it must not outlive a restart
 			// as the key's value, so it leaves the index now (a miss, never wrong bytes).
 			e.drop(key, prev)
 		}
-		return fmt.Errorf("slab: put %s: record of extent %d slot %d: %w", key.ID, ext.idx, s.idx, err)
+		return fmt.Errorf("slab: put %s: %w", key.ID, err)
 	}
 
+	ext := s.ext
 	e.allocMu.Lock()
 	s.key, s.length, s.crc, s.seq = key, uint32(st.size), st.crc, st.seq
 	// A new value starts unreferenced: it survives the next CLOCK sweep only if it is read
@@ -367,7 +419,10 @@ func (e *Engine) readPinned(key store.Key, s *slot, buf []byte) (int, error) {
 	if crc32.Checksum(buf[:length], castagnoli) != crc {
 		e.nCorrupt.Add(1)
 		e.drop(key, s)
-		e.log.Warn("slab: payload CRC mismatch; value dropped", "object", key.ID.String(), "extent", ext.idx, "slot", s.idx)
+		// After a crash this is also how a PUT the crash interrupted reads (its record
+		// durable, its payload not: see overlapped), hence the hint.
+		e.log.Warn("slab: payload CRC mismatch; value dropped", "object", key.ID.String(), "extent", ext.idx, "slot", s.idx,
+			"after_unclean_stop", e.unclean)
 		return 0, fmt.Errorf("slab: get %s: extent %d slot %d: %w: %w", key.ID, ext.idx, s.idx, store.ErrNotFound, store.ErrCorrupt)
 	}
 	return int(length), nil
