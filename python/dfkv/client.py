@@ -40,6 +40,20 @@ _VP = ctypes.POINTER(c_void_p)
 _UBYTE = c_ubyte
 _U64P = ctypes.POINTER(c_uint64)
 
+# Bumped in a child after fork(). A client compares it with the value it was opened under
+# on every call: cheaper than os.getpid(), which is a system call each time (glibc keeps no
+# pid cache), and this check sits on every call's path.
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 Members = Union[str, Mapping, Iterable[Any], None]
 
 
@@ -253,6 +267,7 @@ class Client:
                 "run with DFKV_LOG=1 for the library's reason"
             )
         self._pid = os.getpid()
+        self._forks = _fork_generation
         mode = self._lib.dfkv_transport_mode(h)
         self._mode = mode.decode("ascii", "replace") if mode else "tcp"
         self._h = h
@@ -292,7 +307,7 @@ class Client:
         """Close the client; idempotent. Waits for calls in flight on other threads."""
         if self._h is None:
             return
-        if self._pid != os.getpid():
+        if self._forks != _fork_generation:
             # Inherited through fork(): the parent's Go runtime is not here, and the lock may
             # have been copied while held by a parent thread. Drop the handle, touch nothing.
             self._h = None
@@ -311,7 +326,7 @@ class Client:
         self._registered.clear()
 
     def _acquire(self) -> int:
-        if self._pid != os.getpid():  # checked before the lock: see close()
+        if self._forks != _fork_generation:  # checked before the lock: see close()
             raise DfkvError(
                 f"this client was opened in process {self._pid}, before fork(); open a new "
                 "client in the child"

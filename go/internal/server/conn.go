@@ -46,6 +46,12 @@ type conn struct {
 	bufs  net.Buffers
 	items []byte // batch items / sg preamble / control payloads
 	first bool
+	// The read and write deadlines in force, kept so that a busy connection re-arms them
+	// only when they drift (see armRead): each SetDeadline is a runtime timer update, and
+	// three of them per request were a measurable share of a small GET (docs/BENCHMARKS.md).
+	// rdl is the reader goroutine's; wdl belongs to whoever writes, and writers are
+	// serialized by the PUT pipeline's mutex.
+	rdl, wdl time.Time
 
 	acc       accessRecord // filled by the reply assembly for the access log
 	accessN   uint64
@@ -110,7 +116,7 @@ func (c *conn) serve() {
 		if flushErr != nil {
 			return
 		}
-		_ = c.nc.SetReadDeadline(time.Now().Add(wait))
+		c.armRead(time.Now(), wait)
 		c.state.Store(stateIdle)
 		// Shutdown sets draining before it interrupts idle connections: either it sees this
 		// connection idle and wakes it, or this check sees the flag. Without it, a connection
@@ -130,8 +136,12 @@ func (c *conn) serve() {
 		}
 		c.first = false
 		start := time.Now()
-		_ = c.nc.SetReadDeadline(start.Add(c.s.cfg.IOTimeout))
 		req, err := wire.DecodeRequest(c.hdr[:])
+		if err != nil || req.PayloadLen > 0 {
+			// A request without a payload reads nothing more before the next prefix, whose
+			// wait arms the idle deadline anyway.
+			c.armRead(start, c.s.cfg.IOTimeout)
+		}
 		if err == nil && req.Op == fb.OpPut && c.s.cfg.Limits.Check(&req) == nil && (c.sess == nil || c.permitted(&req)) {
 			// A plain PUT: its device write overlaps the requests behind it.
 			if err := c.startPut(&req, start); err != nil {
@@ -668,7 +678,7 @@ func (c *conn) sendPayload(p []byte) error {
 		}
 		return nil
 	}
-	_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.IOTimeout))
+	c.armWrite()
 	c.bufs = append(c.bufs[:0], c.out, p)
 	bufs := c.bufs
 	_, err := bufs.WriteTo(c.nc)
@@ -680,11 +690,33 @@ func (c *conn) sendPayload(p []byte) error {
 	return nil
 }
 
+// armRead bounds the next reads by now+wait. The deadline in force is kept when it lies
+// within the last eighth of that window: a connection busy with small requests re-arms
+// once per wait/8 instead of per request, and a read still never outlives its wait nor
+// ends more than an eighth of it early. A deadline later than wait is always replaced.
+func (c *conn) armRead(now time.Time, wait time.Duration) {
+	want := now.Add(wait)
+	if c.rdl.After(want) || want.Sub(c.rdl) > wait/8 {
+		_ = c.nc.SetReadDeadline(want)
+		c.rdl = want
+	}
+}
+
+// armWrite does the same for writes, which always wait IOTimeout.
+func (c *conn) armWrite() {
+	wait := c.s.cfg.IOTimeout
+	want := time.Now().Add(wait)
+	if c.wdl.After(want) || want.Sub(c.wdl) > wait/8 {
+		_ = c.nc.SetWriteDeadline(want)
+		c.wdl = want
+	}
+}
+
 func (c *conn) flush() error {
 	if len(c.out) == 0 {
 		return nil
 	}
-	_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.IOTimeout))
+	c.armWrite()
 	_, err := c.nc.Write(c.out)
 	c.out = c.out[:0]
 	if err != nil {

@@ -490,3 +490,43 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 		t.Fatalf("serve returned %v", err)
 	}
 }
+
+// TestDeadlinesAfterBusyStretch: the read deadlines are re-armed lazily (once per eighth of
+// their window, not per request), so a connection that has just served a burst of requests
+// must still be cut off when it then stalls mid-payload or falls silent: never early by more
+// than an eighth of the timeout, never hanging past it.
+func TestDeadlinesAfterBusyStretch(t *testing.T) {
+	const ioTimeout, idle = 400 * time.Millisecond, 800 * time.Millisecond
+	n := startNode(t, server.Config{IOTimeout: ioTimeout, IdleTimeout: idle})
+	busy := func(rc *rawConn) {
+		for i := 0; i < 300; i++ {
+			rc.send(wire.Request{Op: fb.OpPing}, nil)
+			if _, err := rc.recv(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		then func(rc *rawConn)
+		min  time.Duration
+	}{
+		{"stalled payload", func(rc *rawConn) {
+			rc.send(wire.Request{Op: fb.OpPut, ID: identity.ObjectID{Hi: 7}, PayloadLen: 4096}, make([]byte, 10))
+		}, ioTimeout - ioTimeout/8},
+		{"silent", func(*rawConn) {}, idle - idle/8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := dialRaw(t, n.addr)
+			busy(rc)
+			start := time.Now()
+			tc.then(rc)
+			if !rc.closed() { // dialRaw's 5 s client deadline ran out first
+				t.Fatalf("connection still open %v after it stalled", time.Since(start))
+			}
+			if took := time.Since(start); took < tc.min-20*time.Millisecond {
+				t.Fatalf("closed after %v, before the %v deadline", took, tc.min)
+			}
+		})
+	}
+}
