@@ -63,7 +63,7 @@ func parse(args []string) (*options, error) {
 	fs.Float64Var(&o.leaseShare, "lease-share", store.DefaultLeaseShare, "share of --cap that leased lookups (BATCH_EXIST_LEASE) may protect from eviction at once; past it lookups answer without a lease (negative: no leases)")
 	fs.IntVar(&o.maxConns, "max-conns", 4096, "open data connections allowed")
 	fs.IntVar(&o.firstReqMS, "first-req-ms", 30000, "a new connection must send its first request within this")
-	fs.IntVar(&o.ioTimeoutMS, "io-timeout-ms", 30000, "deadline for each payload read and reply write")
+	fs.IntVar(&o.ioTimeoutMS, "io-timeout-ms", 30000, "deadline for each payload read and reply write (re-armed once per eighth of it: may end up to an eighth early)")
 	fs.IntVar(&o.putWindow, "put-window", server.DefaultPutWindow, "PUTs per connection whose disk write may be in flight while the connection reads the requests behind them (>= 1)")
 	fs.IntVar(&o.idleMS, "idle-timeout-ms", 600000, "close data connections idle this long")
 	fs.StringVar(&o.addrFile, "addr-file", "", "write the bound data address (host:port) to this file once listening")
