@@ -332,8 +332,10 @@ func (c *Client) sgRun(ctx context.Context, p *peer, ops []*onesided.Op) (unsent
 				for {
 					b := m.busy.Add(1)
 					raiseMax(&m.busyMax, b)
+					stale0 := oc.StaleDropped()
 					derr := oc.Do(dctx, []*onesided.Op{op})
 					m.busy.Add(-1)
+					c.railAccount(rail, oc, []*onesided.Op{op}, stale0, derr) // bytes, stale completions, a completion error
 					if derr == nil {
 						c.rdma.rm.ops.WithLabelValues(rail).Inc()
 						break
