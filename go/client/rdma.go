@@ -177,18 +177,24 @@ func (r *peerRDMA) reclaim(cutoff time.Time, m *onesided.Metrics) {
 // for the caller to close outside r.mu.
 func (r *peerRDMA) takeIdleLocked(drop func(idleConn) bool) []*onesided.Client {
 	var out []*onesided.Client
-	keep := r.idle[:0]
-	for _, ic := range r.idle {
+	r.idle, out = takeIdle(r.idle, r.all, drop)
+	return out
+}
+
+// takeIdle splits idle into the connections drop keeps and those it selects, which it
+// also removes from all (the pool's or the SG lane's).
+func takeIdle(idle []idleConn, all map[*onesided.Client]string, drop func(idleConn) bool) (keep []idleConn, out []*onesided.Client) {
+	keep = idle[:0]
+	for _, ic := range idle {
 		if drop(ic) {
 			out = append(out, ic.oc)
-			delete(r.all, ic.oc)
+			delete(all, ic.oc)
 		} else {
 			keep = append(keep, ic)
 		}
 	}
-	clear(r.idle[len(keep):])
-	r.idle = keep
-	return out
+	clear(idle[len(keep):])
+	return keep, out
 }
 
 func (r *peerRDMA) close() {

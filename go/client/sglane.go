@@ -90,17 +90,7 @@ func (c *Client) sgLaneMax() int {
 // caller to close outside the peer's mu.
 func (l *sgLane) takeIdleLocked(drop func(idleConn) bool) []*onesided.Client {
 	var out []*onesided.Client
-	keep := l.idle[:0]
-	for _, ic := range l.idle {
-		if drop(ic) {
-			out = append(out, ic.oc)
-			delete(l.all, ic.oc)
-		} else {
-			keep = append(keep, ic)
-		}
-	}
-	clear(l.idle[len(keep):])
-	l.idle = keep
+	l.idle, out = takeIdle(l.idle, l.all, drop)
 	return out
 }
 

@@ -67,11 +67,9 @@ func BenchmarkSlabGet1MiB(b *testing.B) {
 	})
 }
 
-// BenchmarkSlabPut1MiB measures the steady state: the store was filled once before the
-// clock starts (so every slot has been written, like the raw file, and fallocated-but-
-// unwritten extents do not charge the ext4 extent conversion to the engine), and every
-// timed Put writes a new key, so it also evicts (tombstones in the same group commit).
-func BenchmarkSlabPut1MiB(b *testing.B) {
+// filledForPuts opens a bench store filled to capacity once (every slot written) and
+// returns it with the fill function the timed PUTs use.
+func filledForPuts(b *testing.B) (*Engine, func([]byte) error) {
 	e := mustOpen(b, benchConfig(b.TempDir()))
 	src := testValue(1, benchBlock)
 	fill := func(dst []byte) error {
@@ -83,6 +81,15 @@ func BenchmarkSlabPut1MiB(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	return e, fill
+}
+
+// BenchmarkSlabPut1MiB measures the steady state: the store was filled once before the
+// clock starts (so every slot has been written, like the raw file, and fallocated-but-
+// unwritten extents do not charge the ext4 extent conversion to the engine), and every
+// timed Put writes a new key, so it also evicts (tombstones in the same group commit).
+func BenchmarkSlabPut1MiB(b *testing.B) {
+	e, fill := filledForPuts(b)
 	b.SetBytes(benchBlock)
 	b.ReportAllocs()
 	runWorkers(b, benchWorkers, func(_, i int) error {
@@ -216,17 +223,7 @@ func BenchmarkRebuild1M(b *testing.B) {
 // (slab/odirect-median). b.N operations of each kind.
 func BenchmarkSlabPutVsODirect1MiB(b *testing.B) {
 	const chunk = 64
-	e := mustOpen(b, benchConfig(b.TempDir()))
-	src := testValue(1, benchBlock)
-	fill := func(dst []byte) error {
-		copy(dst, src)
-		return nil
-	}
-	for i := range int(benchConfig("").CapacityBytes / benchBlock) {
-		if err := e.Put(store.Key{ID: testKey(i).ID, Tenant: 2}, benchBlock, fill); err != nil {
-			b.Fatal(err)
-		}
-	}
+	e, fill := filledForPuts(b)
 	fd, bufs := rawFile(b)
 	// run does n operations of op over benchWorkers goroutines and returns the wall time.
 	run := func(n int, op func(w, i int) error) time.Duration {
@@ -263,7 +260,7 @@ func BenchmarkSlabPutVsODirect1MiB(b *testing.B) {
 		key += n
 		putOp := func(_, i int) error { return e.Put(store.Key{ID: testKey(base + i).ID, Tenant: 1}, benchBlock, fill) }
 		rawOp := func(w, i int) error {
-			copy(bufs[w], src)
+			_ = fill(bufs[w]) // the same copy the PUT's fill makes
 			return writeAt(fd, bufs[w], int64((base+i)%benchKeys)*benchBlock)
 		}
 		var s, r time.Duration
