@@ -332,9 +332,11 @@ func (c *Client) sgRun(ctx context.Context, p *peer, ops []*onesided.Op) (unsent
 				for {
 					b := m.busy.Add(1)
 					raiseMax(&m.busyMax, b)
+					t0 := time.Now()
 					derr := oc.Do(dctx, []*onesided.Op{op})
 					m.busy.Add(-1)
 					if derr == nil {
+						c.railLatencyObserve(p, rail, time.Since(t0), 1)
 						c.rdma.rm.ops.WithLabelValues(rail).Inc()
 						break
 					}
