@@ -12,7 +12,8 @@ import (
 // EWMA of the seconds per completed op (each successful window's time divided by its op
 // count: a scalar op is one sample of its own latency). Inside the tier health chose and
 // after the primary/NUMA order, a rail whose EWMA is more than RailSlowFactor times the
-// best rail of that tier (both with railLatencyMinSamples samples) is demoted: it moves
+// best rail of that tier (both with railLatencyMinSamples samples), and at least
+// railSlowMinGap slower per op, is demoted: it moves
 // to the end of the order, and every railSlowShare-th pick puts it first instead, so it
 // keeps a small share of the traffic and its EWMA can come back down when it speeds up.
 // Latency never removes a rail (a demoted rail still takes ops when the others are out
@@ -20,9 +21,12 @@ import (
 
 const (
 	defaultRailSlowFactor = 4.0
-	railLatencyAlpha      = 0.3 // weight of a new sample in the EWMA
-	railLatencyMinSamples = 8   // samples before a rail's EWMA counts (as the slow one or the best)
-	railSlowShare         = 8   // a demoted rail is put first on every 8th pick
+	railLatencyAlpha      = 0.2 // weight of a new sample in the EWMA
+	// railSlowMinGap: a rail is slow only when it is also this much slower per op than the
+	// best; smaller gaps are scheduling noise (a GC pause, a busy core), not a slow rail.
+	railSlowMinGap        = 500 * time.Microsecond
+	railLatencyMinSamples = 8 // samples before a rail's EWMA counts (as the slow one or the best)
+	railSlowShare         = 8 // a demoted rail is put first on every 8th pick
 )
 
 // railLat is one rail's latency towards one server.
@@ -64,7 +68,8 @@ func (l *railLatency) observe(rail string, perOp float64) {
 
 // splitSlow splits order (one tier, in preference order) into the rails kept in place and
 // the slow ones: a rail is slow when it and the tier's fastest rail both have enough
-// samples and its EWMA exceeds factor times the fastest one's. factor <= 0: none is slow.
+// samples and its EWMA exceeds factor times the fastest one's and the fastest one's plus
+// railSlowMinGap. factor <= 0: none is slow.
 func splitSlow(order []string, stats map[string]*railLat, factor float64) (kept, slow []string) {
 	if factor <= 0 || len(order) < 2 {
 		return order, nil
@@ -78,9 +83,9 @@ func splitSlow(order []string, stats map[string]*railLat, factor float64) (kept,
 	if math.IsInf(best, 1) {
 		return order, nil
 	}
-	best = max(best, 1e-9) // a zero EWMA (a coarse clock) must not make every other rail slow
+	limit := max(factor*best, best+railSlowMinGap.Seconds())
 	for _, d := range order {
-		if st := stats[d]; st != nil && st.n >= railLatencyMinSamples && st.ewma > factor*best {
+		if st := stats[d]; st != nil && st.n >= railLatencyMinSamples && st.ewma > limit {
 			slow = append(slow, d)
 		} else {
 			kept = append(kept, d)
@@ -142,6 +147,7 @@ func (c *Client) demoteSlowRails(p *peer, order []string) []string {
 	}
 	for _, d := range restored {
 		c.rdma.rm.latRestores.WithLabelValues(d).Inc()
+		c.opts.Logger.Info("dfkv: rdma rail no longer slow towards a server; demotion ended", "server", p.addr, "rail", d)
 	}
 	if len(slow) == 0 {
 		return order
