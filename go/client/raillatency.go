@@ -17,7 +17,8 @@ import (
 // to the end of the order, and every railSlowShare-th pick puts it first instead, so it
 // keeps a small share of the traffic and its EWMA can come back down when it speeds up.
 // Latency never removes a rail (a demoted rail still takes ops when the others are out
-// of credits), never moves traffic to a lower tier, and never touches peer health.
+// of credits), never moves traffic to a lower tier, and never touches peer health. The
+// primary rail (DFKV_RDMA_PRIMARY_DEV) is an explicit choice and is never demoted.
 
 const (
 	defaultRailSlowFactor = 4.0
@@ -69,8 +70,9 @@ func (l *railLatency) observe(rail string, perOp float64) {
 // splitSlow splits order (one tier, in preference order) into the rails kept in place and
 // the slow ones: a rail is slow when it and the tier's fastest rail both have enough
 // samples and its EWMA exceeds factor times the fastest one's and the fastest one's plus
-// railSlowMinGap. factor <= 0: none is slow.
-func splitSlow(order []string, stats map[string]*railLat, factor float64) (kept, slow []string) {
+// railSlowMinGap. The primary is never slow (an explicit choice; it may be the best).
+// factor <= 0: none is slow.
+func splitSlow(order []string, stats map[string]*railLat, factor float64, primary string) (kept, slow []string) {
 	if factor <= 0 || len(order) < 2 {
 		return order, nil
 	}
@@ -85,7 +87,7 @@ func splitSlow(order []string, stats map[string]*railLat, factor float64) (kept,
 	}
 	limit := max(factor*best, best+railSlowMinGap.Seconds())
 	for _, d := range order {
-		if st := stats[d]; st != nil && st.n >= railLatencyMinSamples && st.ewma > limit {
+		if st := stats[d]; d != primary && st != nil && st.n >= railLatencyMinSamples && st.ewma > limit {
 			slow = append(slow, d)
 		} else {
 			kept = append(kept, d)
@@ -117,7 +119,7 @@ func (c *Client) demoteSlowRails(p *peer, order []string) []string {
 	}
 	l := &p.rdma.px.lat
 	l.mu.Lock()
-	kept, slow := splitSlow(order, l.rails, factor)
+	kept, slow := splitSlow(order, l.rails, factor, c.rdma.rc.primary)
 	var demoted, restored []string
 	for _, d := range order {
 		st := l.rails[d]

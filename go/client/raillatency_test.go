@@ -28,6 +28,7 @@ func TestSplitSlow(t *testing.T) {
 		order      []string
 		feed       func(l *railLatency)
 		factor     float64
+		primary    string
 		kept, slow []string
 	}{
 		{name: "no samples: unchanged", order: []string{"a", "b"}, feed: func(*railLatency) {}, factor: 4,
@@ -53,6 +54,9 @@ func TestSplitSlow(t *testing.T) {
 		{name: "slow rail in tier 1 does not matter", order: []string{"a", "b"}, factor: 4,
 			feed: func(l *railLatency) { samples(l, "a", 5*ms, 8); samples(l, "b", 6*ms, 8); samples(l, "t1", 0.01*ms, 8) },
 			kept: []string{"a", "b"}},
+		{name: "the primary is never demoted", order: []string{"b", "a", "c"}, factor: 4, primary: "b",
+			feed: func(l *railLatency) { samples(l, "a", 1*ms, 8); samples(l, "b", 50*ms, 8); samples(l, "c", 20*ms, 8) },
+			kept: []string{"b", "a"}, slow: []string{"c"}},
 		{name: "factor off", order: []string{"a", "b"}, factor: 0,
 			feed: func(l *railLatency) { samples(l, "a", 1*ms, 8); samples(l, "b", 500*ms, 8) },
 			kept: []string{"a", "b"}},
@@ -66,7 +70,7 @@ func TestSplitSlow(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var l railLatency
 			tc.feed(&l)
-			kept, slow := splitSlow(tc.order, l.rails, tc.factor)
+			kept, slow := splitSlow(tc.order, l.rails, tc.factor, tc.primary)
 			if d := cmp.Diff(tc.kept, kept); d != "" {
 				t.Errorf("kept (-want +got):\n%s", d)
 			}
@@ -83,12 +87,12 @@ func TestRailLatencyEWMARecovers(t *testing.T) {
 	var l railLatency
 	samples(&l, "a", 1e-3, 8)
 	samples(&l, "b", 200e-3, 8)
-	if _, slow := splitSlow([]string{"a", "b"}, l.rails, 4); len(slow) != 1 {
+	if _, slow := splitSlow([]string{"a", "b"}, l.rails, 4, ""); len(slow) != 1 {
 		t.Fatalf("b not slow: %v", slow)
 	}
 	n := 0
 	for ; n < 100; n++ {
-		if _, slow := splitSlow([]string{"a", "b"}, l.rails, 4); len(slow) == 0 {
+		if _, slow := splitSlow([]string{"a", "b"}, l.rails, 4, ""); len(slow) == 0 {
 			break
 		}
 		l.observe("b", 1e-3)
