@@ -76,7 +76,8 @@ func (c *Client) numaView() (int, map[string]int) {
 	return x.numaNode, x.nodeOf
 }
 
-// railOrder is p's usable rails of the highest usable tier in preference order.
+// railOrder is p's usable rails of the highest usable tier in preference order (primary,
+// NUMA locality, round robin; then latency demotion inside that tier).
 func (c *Client) railOrder(p *peer) ([]string, error) {
 	rc := &c.rdma.rc
 	var published []wire.Rail
@@ -93,5 +94,5 @@ func (c *Client) railOrder(p *peer) ([]string, error) {
 	p.rdma.rr++
 	p.rdma.mu.Unlock()
 	node, nodeOf := c.numaView()
-	return orderRails(cands, rc.primary, i, node, nodeOf), nil
+	return c.demoteSlowRails(p, orderRails(cands, rc.primary, i, node, nodeOf)), nil
 }

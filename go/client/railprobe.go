@@ -34,9 +34,10 @@ type railState struct {
 	stopped   bool
 }
 
-// railPeerState is the per-server part: credits and the rails being probed.
+// railPeerState is the per-server part: credits, latency and the rails being probed.
 type railPeerState struct {
 	credits railCredits
+	lat     railLatency     // per-rail latency EWMAs (raillatency.go)
 	probing map[string]bool // guarded by peerRDMA.mu
 }
 

@@ -25,12 +25,19 @@ type railConfig struct {
 	tier    map[string]int // the client's tier of each device (all 0 without Tiers)
 	tiered  bool           // Tiers were configured: members without rails fail closed
 	primary string
+	// slowFactor demotes a rail slower than this times its tier's best (0: off); raillatency.go.
+	slowFactor float64
 }
 
 // newRailConfig validates the options: every tiered device must be whitelisted and the
 // whitelist must be covered by the tiers; the primary must be whitelisted.
 func newRailConfig(o *RDMAOptions) (railConfig, error) {
 	rc := railConfig{devices: slices.Clone(o.Devices), tier: map[string]int{}, primary: o.Primary}
+	f, err := railSlowFactor(o)
+	if err != nil {
+		return rc, err
+	}
+	rc.slowFactor = f
 	seen := map[string]bool{}
 	for _, d := range rc.devices {
 		if d == "" || seen[d] {
@@ -141,6 +148,10 @@ type railMetrics struct {
 	bytes       *prometheus.CounterVec
 	stale       *prometheus.CounterVec
 	ambiguous   *prometheus.CounterVec
+	// raillatency.go
+	latency      *prometheus.HistogramVec
+	latDemotions *prometheus.CounterVec
+	latRestores  *prometheus.CounterVec
 }
 
 func newRailMetrics(reg prometheus.Registerer) *railMetrics {
@@ -168,8 +179,13 @@ func newRailMetrics(reg prometheus.Registerer) *railMetrics {
 	m.bytes = vec("dfkv_rdma_client_rail_bytes_total", "Value bytes moved over this rail (PUT sources, GET results).")
 	m.stale = vec("dfkv_rdma_client_rail_stale_completions_total", "Completions of an older QP generation dropped on this rail.")
 	m.ambiguous = vec("dfkv_rdma_client_rail_ambiguous_writes_total", "PUT/REMOVE ops possibly submitted on this rail when it broke: returned as errors, never replayed.")
+	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "dfkv_rdma_client_rail_latency_seconds",
+		Help:    "Seconds per completed op on this rail (each successful window's time over its op count), all servers.",
+		Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10)}, []string{"rail"})
+	m.latDemotions = vec("dfkv_rdma_client_rail_latency_demotions_total", "Times this rail was demoted inside its tier towards a server for latency (EWMA above RailSlowFactor x the tier's best).")
+	m.latRestores = vec("dfkv_rdma_client_rail_latency_restores_total", "Times a latency demotion of this rail towards a server ended (its EWMA came back down).")
 	reg.MustRegister(m.conns, m.ops, m.quarantines, m.replays, m.noRail, m.credits, m.creditWaits, m.probes,
-		m.recoveries, m.compErrors, m.bytes, m.stale, m.ambiguous)
+		m.recoveries, m.compErrors, m.bytes, m.stale, m.ambiguous, m.latency, m.latDemotions, m.latRestores)
 	return m
 }
 

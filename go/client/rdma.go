@@ -55,6 +55,12 @@ type RDMAOptions struct {
 	// (bounded by its context and IOTimeout, then ErrTimeout); it never moves to a lower
 	// tier or to TCP for congestion (docs/RDMA.md §4, "Credits and backpressure").
 	RailCredits int
+	// RailSlowFactor demotes, inside the chosen tier, a rail whose per-op latency EWMA
+	// towards a server is above this many times the tier's fastest rail (DFKV_RDMA_RAIL_
+	// SLOW_FACTOR; 0 = default 4, < 0 = off, else >= 1). A demoted rail keeps a small
+	// share of picks so it can recover; latency never moves traffic to a lower tier
+	// (docs/RDMA.md §4, "Latency").
+	RailSlowFactor float64
 	// NUMA (DFKV_RDMA_NUMA=1) prefers, inside the chosen tier, rails whose device is on
 	// NUMANode (AutoNUMANode: the node of the CPU that calls New).
 	NUMA     bool
@@ -746,9 +752,11 @@ func (c *Client) rdmaDo(ctx context.Context, p *peer, ops []*onesided.Op) (handl
 	var ambErr error // set when some write may have been submitted on a rail that broke
 	for {
 		stale0 := oc.StaleDropped()
+		t0 := time.Now()
 		derr := oc.Do(dctx, pending)
 		c.railAccount(rail, oc, pending, stale0, derr)
 		if derr == nil {
+			c.railLatencyObserve(p, rail, time.Since(t0), len(pending))
 			c.rdma.rm.ops.WithLabelValues(rail).Add(float64(len(pending)))
 			p.markHealthy()
 			c.rdmaPut(p, oc, rail)

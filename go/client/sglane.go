@@ -323,10 +323,12 @@ func (c *Client) sgRun(ctx context.Context, p *peer, ops []*onesided.Op) (unsent
 					b := m.busy.Add(1)
 					raiseMax(&m.busyMax, b)
 					stale0 := oc.StaleDropped()
+					t0 := time.Now()
 					derr := oc.Do(dctx, []*onesided.Op{op})
 					m.busy.Add(-1)
 					c.railAccount(rail, oc, []*onesided.Op{op}, stale0, derr) // bytes, stale completions, a completion error
 					if derr == nil {
+						c.railLatencyObserve(p, rail, time.Since(t0), 1)
 						c.rdma.rm.ops.WithLabelValues(rail).Inc()
 						break
 					}

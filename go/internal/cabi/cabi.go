@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -475,7 +476,8 @@ func applyRDMAEnv(o *client.RDMAOptions) error {
 // the caller's NUMA node inside the chosen tier, 0 = off), DFKV_RDMA_NUMA_NODE (the
 // caller's node; default: the node of the CPU that opens the handle),
 // DFKV_RDMA_RAIL_CREDITS (connections in use per rail and server),
-// DFKV_RDMA_RAIL_PROBE_MS (probe interval of a quarantined rail; 0 = default, -1 = off).
+// DFKV_RDMA_RAIL_PROBE_MS (probe interval of a quarantined rail; 0 = default, -1 = off),
+// DFKV_RDMA_RAIL_SLOW_FACTOR (latency demotion inside a tier; 0 = default, < 0 = off).
 func applyRailEnv(o *client.RDMAOptions) error {
 	switch v := strings.TrimSpace(os.Getenv("DFKV_RDMA_NUMA")); v {
 	case "", "0":
@@ -503,6 +505,13 @@ func applyRailEnv(o *client.RDMAOptions) error {
 			return fmt.Errorf("DFKV_RDMA_RAIL_PROBE_MS=%q: want -1 (off), 0 (default) or 1..3600000", v)
 		}
 		o.RailProbeInterval = time.Duration(n) * time.Millisecond
+	}
+	if v := strings.TrimSpace(os.Getenv("DFKV_RDMA_RAIL_SLOW_FACTOR")); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || (f > 0 && f < 1) || f > 1e6 {
+			return fmt.Errorf("DFKV_RDMA_RAIL_SLOW_FACTOR=%q: want 0 (default), a negative number (off) or 1..1000000", v)
+		}
+		o.RailSlowFactor = f
 	}
 	return nil
 }

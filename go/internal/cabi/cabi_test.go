@@ -259,18 +259,19 @@ func TestRDMARailEnv(t *testing.T) {
 	}
 }
 
-// DFKV_RDMA_NUMA / _NUMA_NODE / _RAIL_CREDITS / _RAIL_PROBE_MS map onto RDMAOptions; a
+// DFKV_RDMA_NUMA / _NUMA_NODE / _RAIL_CREDITS / _RAIL_PROBE_MS / _RAIL_SLOW_FACTOR map onto RDMAOptions; a
 // malformed value refuses the open with the variable's name.
 func TestRDMARailTuningEnv(t *testing.T) {
 	t.Setenv("DFKV_RDMA_NUMA", "1")
 	t.Setenv("DFKV_RDMA_NUMA_NODE", "1")
 	t.Setenv("DFKV_RDMA_RAIL_CREDITS", "3")
 	t.Setenv("DFKV_RDMA_RAIL_PROBE_MS", "-1")
+	t.Setenv("DFKV_RDMA_RAIL_SLOW_FACTOR", "2.5")
 	var o client.RDMAOptions
 	if err := applyRailEnv(&o); err != nil {
 		t.Fatal(err)
 	}
-	if !o.NUMA || o.NUMANode != 1 || o.RailCredits != 3 || o.RailProbeInterval != -time.Millisecond {
+	if !o.NUMA || o.NUMANode != 1 || o.RailCredits != 3 || o.RailProbeInterval != -time.Millisecond || o.RailSlowFactor != 2.5 {
 		t.Fatalf("%+v", o)
 	}
 	t.Setenv("DFKV_RDMA_NUMA", "0")
@@ -284,10 +285,11 @@ func TestRDMARailTuningEnv(t *testing.T) {
 		t.Fatalf("%+v", o)
 	}
 	for env, bad := range map[string]string{
-		"DFKV_RDMA_NUMA":          "yes",
-		"DFKV_RDMA_NUMA_NODE":     "-2",
-		"DFKV_RDMA_RAIL_CREDITS":  "0",
-		"DFKV_RDMA_RAIL_PROBE_MS": "soon",
+		"DFKV_RDMA_NUMA":             "yes",
+		"DFKV_RDMA_NUMA_NODE":        "-2",
+		"DFKV_RDMA_RAIL_CREDITS":     "0",
+		"DFKV_RDMA_RAIL_PROBE_MS":    "soon",
+		"DFKV_RDMA_RAIL_SLOW_FACTOR": "0.5",
 	} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv(env, bad)
