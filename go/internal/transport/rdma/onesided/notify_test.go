@@ -356,8 +356,11 @@ func TestNotifyEndpointReusedAcrossConnections(t *testing.T) {
 	if r := m.Notify.EndpointReuses.Load(); r != 4 {
 		t.Fatalf("client endpoint reuses %d, want 4", r)
 	}
-	if r := cs.s.M.Notify.EndpointReuses.Load(); r != 4 {
-		t.Fatalf("server endpoint reuses %d, want 4", r)
+	// The server's session ends when the client's QP goes away; an endpoint whose teardown
+	// left flushed completions behind is not reused (TestClosedIDReused), so the server may
+	// open a fresh one now and then. It must still reuse most of them.
+	if r := cs.s.M.Notify.EndpointReuses.Load(); r < 3 || r > 4 {
+		t.Fatalf("server endpoint reuses %d, want 3..4", r)
 	}
 	if m.Notify.Endpoints.Load() != 1 {
 		t.Fatalf("client endpoints %d", m.Notify.Endpoints.Load())
