@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dfkv/dfkv/go/internal/testutil"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
@@ -147,13 +148,7 @@ func check(t testing.TB, b []byte) (sender, seq int) {
 // eventually polls cond (a state the poller reaches asynchronously), bounded.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitFor(t, 10*time.Second, what, cond)
 }
 
 func TestCodec(t *testing.T) {

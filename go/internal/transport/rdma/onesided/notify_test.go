@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/testutil"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/notify"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
@@ -140,13 +141,7 @@ func (r *recorder) wait(t *testing.T, name string, n int) [][]byte {
 
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitFor(t, 10*time.Second, what, cond)
 }
 
 // TestNotifyNoBootstrapTraffic: with native notifications on both ends, the RDMA data path

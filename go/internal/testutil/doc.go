@@ -1,0 +1,3 @@
+// Package testutil holds the helpers that several packages' tests share: waiting, with a
+// bound, for a condition another goroutine or process makes true.
+package testutil
