@@ -46,12 +46,7 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 			s = e.popFreeLocked(ci)
 		}
 		if s != nil {
-			e.classes[ci].reserved++
-			s.ext.reserved++
-			s.state = slotReserved
-			s.tombDone.Store(false)
-			s.released.Store(false)
-			e.used += cs
+			e.reserveLocked(ci, s, cs)
 			e.allocMu.Unlock()
 			return s, victims, false, nil
 		}
@@ -60,12 +55,7 @@ func (e *Engine) reserve(ci int, victimBuf []*slot, noWait bool) (*slot, []*slot
 			// The CLOCK victim is this Put's slot at once: see reclaimLocked.
 			e.classes[ci].pending--
 			taken.key = store.Key{}
-			e.classes[ci].reserved++
-			taken.ext.reserved++
-			taken.state = slotReserved
-			taken.tombDone.Store(false)
-			taken.released.Store(false)
-			e.used += cs
+			e.reserveLocked(ci, taken, cs)
 			e.allocMu.Unlock()
 			return taken, victims, true, nil
 		}
@@ -411,4 +401,15 @@ func (e *Engine) clockVictimLocked(ci int) *slot {
 		return s
 	}
 	return nil
+}
+
+// reserveLocked marks s, a free or just-taken slot of class ci, reserved for a Put of cs
+// bytes of capacity. Caller holds allocMu.
+func (e *Engine) reserveLocked(ci int, s *slot, cs int64) {
+	e.classes[ci].reserved++
+	s.ext.reserved++
+	s.state = slotReserved
+	s.tombDone.Store(false)
+	s.released.Store(false)
+	e.used += cs
 }
