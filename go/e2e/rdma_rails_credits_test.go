@@ -239,14 +239,22 @@ func testFailMidBatchProbeRecover(t *testing.T, rails []string) {
 	}
 	served := r.s.metric("dfkv_rdma_v2_get_writes_total")
 	soft0Ops := clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft0")
+	// Slow soft0's completions so that the error lands while the batch is in flight (an
+	// unslowed batch can finish before the fault file is read: nothing left to replay).
+	if err := soft.WriteFaults(faults, "soft0 delay 100ms\n"); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() { done <- c.BatchGet(ctx, gets, client.Exact) }()
 	waitFor(t, 30*time.Second, "the batch GET under way", func() bool { return r.s.metric("dfkv_rdma_v2_get_writes_total") >= served+4 })
-	if err := soft.WriteFaults(faults, "soft0 comp_err 1\n"); err != nil {
+	if err := soft.WriteFaults(faults, "soft0 delay 100ms\nsoft0 comp_err 1\n"); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("batch get: %v", err)
+	}
+	if err := soft.WriteFaults(faults, ""); err != nil { // the delay off again
+		t.Fatal(err)
 	}
 	for i := range gets {
 		got := gets[i].Buf
