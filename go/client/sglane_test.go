@@ -246,7 +246,9 @@ func TestSGLaneDepthOnePerQPBatchWide(t *testing.T) {
 // scalar pool's (the server's connections drop to 0) and the next batch opens fresh ones.
 func TestSGLaneBoundAndIdleReclaim(t *testing.T) {
 	const n, piece = 8, 32 << 10
-	gate := &putGate{Engine: store.NewMem(64 << 20)}
+	// The first PUTs wait until 2 are inside: the lane's width shows as 2 only if it really
+	// runs its two connections at once, whatever the scheduler does.
+	gate := &putGate{Engine: store.NewMem(64 << 20), want: 2, reached: make(chan struct{})}
 	node, rs := sgServer(t, gate)
 	ms, err := client.NewStatic([]client.Member{{ID: "n", Addr: node.addr, Weight: 1}})
 	if err != nil {
