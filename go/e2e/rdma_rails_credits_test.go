@@ -237,25 +237,17 @@ func testFailMidBatchProbeRecover(t *testing.T, rails []string) {
 			gets[i] = client.Item{Key: items[i].Key, Segs: [][]byte{make([]byte, 300000), make([]byte, 400000), make([]byte, size-700000)}}
 		}
 	}
-	served := r.s.metric("dfkv_rdma_v2_get_writes_total")
 	soft0Ops := clientRail(t, c, "dfkv_rdma_client_rail_ops_total", "soft0")
 	others0 := railSum(t, c, "dfkv_rdma_client_rail_ops_total", others)
-	// Slow soft0's completions so that the error lands while the batch is in flight (an
-	// unslowed batch can finish before the fault file is read: nothing left to replay).
-	if err := soft.WriteFaults(faults, "soft0 delay 100ms\n"); err != nil {
+	// soft0's 7th send WR from now fails: the error lands in the middle of the batch, after
+	// some of its requests went out (and may have completed) on soft0, without racing it.
+	if err := soft.WriteFaults(faults, "soft0 comp_err 1 after 6\n"); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.BatchGet(ctx, gets, client.Exact) }()
-	waitFor(t, 30*time.Second, "the batch GET under way", func() bool { return r.s.metric("dfkv_rdma_v2_get_writes_total") >= served+4 })
-	if err := soft.WriteFaults(faults, "soft0 delay 100ms\nsoft0 comp_err 1\n"); err != nil {
-		t.Fatal(err)
-	}
 	if err := <-done; err != nil {
 		t.Fatalf("batch get: %v", err)
-	}
-	if err := soft.WriteFaults(faults, ""); err != nil { // the delay off again
-		t.Fatal(err)
 	}
 	for i := range gets {
 		got := gets[i].Buf

@@ -68,6 +68,10 @@ type Fault struct {
 	// then goes to ERR and flushes the rest, as on hardware). Counted from each reload.
 	CompErrors int
 	CompStatus verbs.WCStatus
+	// CompAfter send WRs of the device complete normally before the first injected error
+	// (counted from each reload): a test injects the error into the middle of a batch it
+	// starts afterwards, without racing the batch.
+	CompAfter int
 	// Delay holds every send completion of the device's QPs this long (a slow ACK).
 	Delay time.Duration
 	// StaleWCs is how many stale completions to inject: at each of the device's next
@@ -82,7 +86,9 @@ type Fault struct {
 //
 //	<device> port down|up
 //	<device> query fail|ok
-//	<device> comp_err <count> [<ibv_wc_status number>]   (default 12, retry exceeded)
+//	<device> comp_err <count> [<ibv_wc_status number>] [after <n>]
+//	                                                     (status default 12, retry exceeded;
+//	                                                     after: n send WRs succeed first)
 //	<device> delay <duration>                            (e.g. 250ms; 0 clears)
 //	<device> stale_wc <count>                            (old-generation completions)
 //
@@ -133,16 +139,25 @@ func ParseFaults(text string) (map[string]Fault, error) {
 				st.QueryFail = down
 			}
 		case "comp_err":
-			if len(f) > 4 {
-				return nil, bad("want comp_err <count> [status]")
+			args := f[2:]
+			after := 0
+			if k := len(args); k >= 2 && args[k-2] == "after" {
+				n, err := strconv.Atoi(args[k-1])
+				if err != nil || n < 0 || n > 1<<20 {
+					return nil, bad("after must be 0..1048576")
+				}
+				after, args = n, args[:k-2]
 			}
-			n, err := strconv.Atoi(f[2])
+			if len(args) < 1 || len(args) > 2 {
+				return nil, bad("want comp_err <count> [status] [after <n>]")
+			}
+			n, err := strconv.Atoi(args[0])
 			if err != nil || n < 0 || n > 1<<20 {
 				return nil, bad("count must be 0..1048576")
 			}
-			st.CompErrors, st.CompStatus = n, verbs.StatusRetryExcErr
-			if len(f) == 4 {
-				s, err := strconv.Atoi(f[3])
+			st.CompErrors, st.CompStatus, st.CompAfter = n, verbs.StatusRetryExcErr, after
+			if len(args) == 2 {
+				s, err := strconv.Atoi(args[1])
 				if err != nil || s <= 0 || s > 255 || verbs.WCStatus(s) == verbs.StatusWRFlushErr {
 					return nil, bad("status must be a failing ibv_wc_status number (1..255, not 5)")
 				}
@@ -264,6 +279,11 @@ func (f *faultFile) takeCompErr(dev string) (verbs.WCStatus, bool) {
 	f.refreshLocked()
 	st, ok := f.faults[dev]
 	if !ok || st.CompErrors == 0 {
+		return 0, false
+	}
+	if st.CompAfter > 0 {
+		st.CompAfter--
+		f.faults[dev] = st
 		return 0, false
 	}
 	st.CompErrors--

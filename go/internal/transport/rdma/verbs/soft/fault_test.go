@@ -22,6 +22,8 @@ soft2 query fail
 soft0 port up           # later lines win
 soft3 port down
 soft3 stale_wc 2
+soft4 comp_err 2 after 5
+soft5 comp_err 1 10 after 0
 `)
 	if err != nil {
 		t.Fatal(err)
@@ -31,6 +33,8 @@ soft3 stale_wc 2
 		"soft1": {CompErrors: 3, CompStatus: verbs.StatusRetryExcErr, Delay: 250 * time.Millisecond},
 		"soft2": {CompErrors: 1, CompStatus: verbs.StatusRemAccessErr, QueryFail: true},
 		"soft3": {PortDown: true, StaleWCs: 2},
+		"soft4": {CompErrors: 2, CompStatus: verbs.StatusRetryExcErr, CompAfter: 5},
+		"soft5": {CompErrors: 1, CompStatus: verbs.StatusRemAccessErr},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %+v", got)
@@ -43,7 +47,8 @@ soft3 stale_wc 2
 	for _, bad := range []string{
 		"soft0 port sideways", "soft0 port", "soft0 port down now", "soft0 query maybe",
 		"soft0 comp_err -1", "soft0 comp_err x", "soft0 comp_err 1 5", "soft0 comp_err 1 0", "soft0 comp_err 1 300",
-		"soft0 comp_err 1 2 3", "soft0 delay forever", "soft0 delay -1s", "soft0 delay 2m", "soft0 reboot now",
+		"soft0 comp_err 1 2 3", "soft0 comp_err 1 after", "soft0 comp_err 1 after -1", "soft0 comp_err after 2",
+		"soft0 comp_err 1 10 after x", "soft0 delay forever", "soft0 delay -1s", "soft0 delay 2m", "soft0 reboot now",
 		"soft0 stale_wc", "soft0 stale_wc -1", "soft0 stale_wc x", "soft0 stale_wc 1 2",
 		"soft\x01 port down", strings.Repeat("x", 65) + " port down", strings.Repeat("#", maxFaultFile+1),
 	} {
@@ -220,6 +225,24 @@ func TestFaultCompletionErrors(t *testing.T) {
 	expectWC(t, a2.scq, 9, verbs.StatusSuccess)
 	if !bytes.Equal(src2.Bytes(), dst2.Bytes()) {
 		t.Fatal("bytes differ")
+	}
+}
+
+// comp_err … after n: the device's first n send WRs succeed, the next one fails.
+func TestFaultCompletionErrorAfter(t *testing.T) {
+	a, b, _, set := faultPair(t)
+	src := a.reg(64, verbs.AccessLocalWrite)
+	dst := b.reg(64, allRemote)
+	fill(src.Bytes(), 3)
+	set("soft0 comp_err 1 after 2\n")
+	for id := uint64(1); id <= 3; id++ {
+		a.post(verbs.SendWR{ID: id, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 64)},
+			RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+		want := verbs.StatusSuccess
+		if id == 3 {
+			want = verbs.StatusRetryExcErr
+		}
+		expectWC(t, a.scq, id, want)
 	}
 }
 
