@@ -100,10 +100,10 @@ func run(args []string) int {
 	if err != nil {
 		return cli.ParseFailed("dfkv_mds", err)
 	}
-	return cli.RunDaemon("dfkv_mds", o.showVersion, o.logLevel, func(log *slog.Logger) error { return serve(o, log) })
+	return cli.RunDaemon("dfkv_mds", o.showVersion, o.logLevel, func(log *slog.Logger, stop *cli.Stop) error { return serve(o, log, stop) })
 }
 
-func serve(o *options, log *slog.Logger) error {
+func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 	var endpoints []string
 	mode := "external"
 	var emb *mds.Embedded
@@ -215,7 +215,7 @@ func serve(o *options, log *slog.Logger) error {
 	if emb != nil {
 		failures["embedded etcd"] = emb.Err()
 	}
-	serveErr := cli.WaitForStop(log, failures)
+	serveErr := stop.Wait(log, failures)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(ctx)

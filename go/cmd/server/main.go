@@ -116,10 +116,10 @@ func run(args []string) int {
 	if err != nil {
 		return cli.ParseFailed("dfkv_server", err)
 	}
-	return cli.RunDaemon("dfkv_server", o.showVersion, o.logLevel, func(log *slog.Logger) error { return serve(o, log) })
+	return cli.RunDaemon("dfkv_server", o.showVersion, o.logLevel, func(log *slog.Logger, stop *cli.Stop) error { return serve(o, log, stop) })
 }
 
-func serve(o *options, log *slog.Logger) error {
+func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 	limits := wire.DefaultLimits()
 	limits.MaxValue = uint64(o.maxMsg)
 	if err := limits.Validate(); err != nil {
@@ -248,7 +248,7 @@ func serve(o *options, log *slog.Logger) error {
 			ann.announce(rdmaSrv, rs, log)
 		})
 	}
-	serveErr := cli.WaitForStop(log, map[string]<-chan error{"listener": errc})
+	serveErr := stop.Wait(log, map[string]<-chan error{"listener": errc})
 	if railMon != nil {
 		railMon.Stop()
 	}

@@ -98,7 +98,7 @@ func ParseFailed(name string, err error) int {
 
 // RunDaemon is the rest of a daemon's lifecycle after its flags parsed: --version, logger
 // setup (a bad level exits 2), then serve; a serve error is logged and exits 1.
-func RunDaemon(name string, showVersion bool, logLevel string, serve func(*slog.Logger) error) int {
+func RunDaemon(name string, showVersion bool, logLevel string, serve func(*slog.Logger, *Stop) error) int {
 	if showVersion {
 		fmt.Println(name, version.Version)
 		return 0
@@ -108,7 +108,9 @@ func RunDaemon(name string, showVersion bool, logLevel string, serve func(*slog.
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 2
 	}
-	if err := serve(log); err != nil {
+	stop := CatchStop()
+	defer stop.Release()
+	if err := serve(log, stop); err != nil {
 		log.Error(name+" failed", "err", err)
 		return 1
 	}

@@ -82,12 +82,25 @@ func WriteAddrFile(path, addr string) error {
 	return nil
 }
 
-// WaitForStop blocks until SIGTERM or SIGINT (it returns nil) or until one of failures
-// delivers (it returns that error, logged as what).
-func WaitForStop(log *slog.Logger, failures map[string]<-chan error) error {
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sig)
+// Stop is a daemon's subscription to SIGTERM and SIGINT. RunDaemon takes it before serve
+// runs, so a signal sent the moment the address file appears (a supervisor or test that
+// starts the daemon, reads the file and stops it) is a clean stop, not death by the
+// signal's default action.
+type Stop struct{ sig chan os.Signal }
+
+// CatchStop subscribes to SIGTERM and SIGINT; Release ends the subscription.
+func CatchStop() *Stop {
+	s := &Stop{sig: make(chan os.Signal, 1)}
+	signal.Notify(s.sig, syscall.SIGTERM, syscall.SIGINT)
+	return s
+}
+
+// Release stops catching the signals.
+func (s *Stop) Release() { signal.Stop(s.sig) }
+
+// Wait blocks until SIGTERM or SIGINT, caught any time since CatchStop (it returns nil), or
+// until one of failures delivers (it returns that error, logged as what).
+func (s *Stop) Wait(log *slog.Logger, failures map[string]<-chan error) error {
 	// A fixed set of at most a few channels: one goroutine each forwards the first error.
 	type failure struct {
 		what string
@@ -109,8 +122,8 @@ func WaitForStop(log *slog.Logger, failures map[string]<-chan error) error {
 		}()
 	}
 	select {
-	case s := <-sig:
-		log.Info("stopping", "signal", s.String())
+	case sig := <-s.sig:
+		log.Info("stopping", "signal", sig.String())
 		return nil
 	case f := <-fc:
 		log.Error(f.what+" failed", "err", f.err)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -77,35 +76,32 @@ func TestStartMetricsOff(t *testing.T) {
 	}
 }
 
-func TestWaitForStop(t *testing.T) {
+func TestStopWait(t *testing.T) {
 	boom := errors.New("listener died")
 	ch := make(chan error, 1)
 	ch <- boom
-	if err := WaitForStop(quiet, map[string]<-chan error{"listener": ch, "unused": nil}); err != boom {
+	stop := CatchStop()
+	if err := stop.Wait(quiet, map[string]<-chan error{"listener": ch, "unused": nil}); err != boom {
 		t.Fatalf("failure: %v", err)
 	}
-	// A signal ends the wait with nil. The test holds its own SIGINT subscription, so a
-	// signal sent before WaitForStop subscribes cannot kill the test binary; it is resent
-	// until the wait returns.
-	guard := make(chan os.Signal, 16)
-	signal.Notify(guard, syscall.SIGINT)
-	defer signal.Stop(guard)
+	stop.Release()
+
+	// A signal sent after CatchStop but before Wait (the daemon is still starting, or has
+	// just written its address file) is kept and ends the wait with nil. Before the
+	// subscription moved ahead of serve, this signal killed the process.
+	stop = CatchStop()
+	defer stop.Release()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
-	go func() { done <- WaitForStop(quiet, map[string]<-chan error{"listener": make(chan error)}) }()
-	deadline := time.After(10 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("signal: %v", err)
-			}
-			return
-		case <-tick.C:
-			syscall.Kill(os.Getpid(), syscall.SIGINT)
-		case <-deadline:
-			t.Fatal("WaitForStop ignored SIGINT")
+	go func() { done <- stop.Wait(quiet, map[string]<-chan error{"listener": make(chan error)}) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("signal: %v", err)
 		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait ignored the SIGINT caught before it")
 	}
 }
