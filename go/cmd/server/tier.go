@@ -29,6 +29,7 @@ type tierOptions struct {
 	flushThreads      int
 	dirtyBytes        cli.Size
 	dirtyWaitMS       int
+	flushDeferMS      int
 	drainTimeoutMS    int
 	faultStallFlush   bool
 	coalesce          bool
@@ -48,6 +49,7 @@ func addTierFlags(fs *flag.FlagSet, o *tierOptions) {
 	fs.IntVar(&o.flushThreads, "ram-tier-flush-threads", ramtier.DefaultFlushThreads, "write-back: goroutines writing dirty arena slots to disk")
 	fs.Var(&o.dirtyBytes, "ram-tier-dirty-bytes", "write-back: most arena bytes acknowledged but not yet on disk (default half the arena)")
 	fs.IntVar(&o.dirtyWaitMS, "ram-tier-dirty-wait-ms", int(ramtier.DefaultDirtyWait/time.Millisecond), "write-back: longest PUT wait for dirty budget before it is refused (CacheFull)")
+	fs.IntVar(&o.flushDeferMS, "ram-tier-flush-defer-ms", int(ramtier.DefaultFlushDefer/time.Millisecond), "write-back: while PUTs stream in and the dirty budget is under 3/4 full, longest a dirty value waits for its flush, so bursts are taken at receive speed (0: flush at once)")
 	fs.IntVar(&o.drainTimeoutMS, "ram-tier-drain-timeout-ms", int(ramtier.DefaultDrainTimeout/time.Millisecond), "write-back: longest flush of dirty slots at shutdown (logged when hit; what is left is lost)")
 	fs.BoolVar(&o.faultStallFlush, "fault-stall-flush", false, "fault injection for tests: write-back flushers write nothing until shutdown")
 	fs.BoolVar(&o.coalesce, "read-coalesce", false, "concurrent identical GETs share one disk read")
@@ -74,6 +76,7 @@ func wrapEngine(e store.Engine, o tierOptions, log *slog.Logger) (store.Engine, 
 			FlushThreads: o.flushThreads, DirtyBytes: int64(o.dirtyBytes),
 			DirtyWait:    time.Duration(o.dirtyWaitMS) * time.Millisecond,
 			DrainTimeout: time.Duration(o.drainTimeoutMS) * time.Millisecond,
+			FlushDefer:   flushDefer(o.flushDeferMS),
 			StallFlush:   o.faultStallFlush,
 			Coalesce:     o.coalesce, CoalesceTimeout: time.Duration(o.coalesceTimeoutMS) * time.Millisecond,
 			Logger: log,
@@ -118,4 +121,13 @@ func wrapEngine(e store.Engine, o tierOptions, log *slog.Logger) (store.Engine, 
 		}()
 	}
 	return e, nil
+}
+
+// flushDefer maps --ram-tier-flush-defer-ms to ramtier.Config.FlushDefer: 0 turns the
+// deferral off (a negative Config value; zero there means the default).
+func flushDefer(ms int) time.Duration {
+	if ms <= 0 {
+		return -1
+	}
+	return time.Duration(ms) * time.Millisecond
 }

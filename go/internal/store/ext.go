@@ -227,6 +227,7 @@ type RAMStats struct {
 	DirtyBytes       int64 // bytes of slots waiting for their flush (acknowledged, not on disk)
 	FlushBacklog     int64 // slots waiting for a flusher
 	Flushed          int64 // dirty slots written to disk
+	FlushDeferrals   int64 // times a flusher held off for PUTs streaming in
 	FlushDropped     int64 // dirty slots dropped unwritten (overwritten or removed first)
 	FlushErrors      int64 // dirty slots whose disk write failed (their key reads as a miss)
 	DirtyWaits       int64 // PUTs that waited for dirty budget

@@ -61,9 +61,12 @@ const (
 	DefaultDirtyWait = 200 * time.Millisecond
 	// DefaultDrainTimeout bounds how long Close flushes dirty slots.
 	DefaultDrainTimeout = 60 * time.Second
-	maxAutoValue        = 64 << 20
-	minShardBytes       = 1 << 20
-	stripes             = 4096
+	// DefaultFlushDefer is how long write-back flushers hold off while PUTs stream in and
+	// the dirty budget has room (see Config.FlushDefer).
+	DefaultFlushDefer = 250 * time.Millisecond
+	maxAutoValue      = 64 << 20
+	minShardBytes     = 1 << 20
+	stripes           = 4096
 )
 
 // Config configures a Tier.
@@ -94,6 +97,13 @@ type Config struct {
 	// DrainTimeout bounds how long Close flushes dirty slots (default 60s); when it is
 	// hit, the unflushed writes are lost and the count is logged.
 	DrainTimeout time.Duration
+	// FlushDefer: while write-back PUTs keep arriving (one in progress, or one ended
+	// under a millisecond ago) and the dirty bytes are under 3/4 of the budget, flushers
+	// leave a dirty value unflushed for up to this long (default 250ms; negative: flush at
+	// once). A burst that fits the budget is then taken at receive speed and flushed in
+	// the gap after it, instead of sharing the CPU (the flush's CRC pass) and memory
+	// bandwidth with it. What a crash can lose stays bounded by the budget.
+	FlushDefer time.Duration
 	// StallFlush is fault injection for tests: flushers write nothing until Close starts
 	// draining, so the dirty budget fills.
 	StallFlush bool
@@ -125,6 +135,9 @@ func (c Config) withDefaults() Config {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = DefaultDrainTimeout
 	}
+	if c.FlushDefer == 0 {
+		c.FlushDefer = DefaultFlushDefer
+	}
 	if c.MaxValueBytes <= 0 && c.Shards > 0 {
 		c.MaxValueBytes = min(c.ArenaBytes/int64(c.Shards)/4, maxAutoValue)
 	}
@@ -145,6 +158,7 @@ type slot struct {
 	n      int64 // slot bytes (padded)
 	length int   // value length
 	key    store.Key
+	dirty  int64 // write-back: when the value was acknowledged (Unix ns)
 	state  uint8
 	pins   atomic.Int32
 }
@@ -256,7 +270,7 @@ func New(backing store.Engine, cfg Config) (*Tier, error) {
 	if cfg.Policy == WriteBack {
 		t.log.Info("ramtier: write-back: a crash loses at most the dirty budget (unflushed acknowledged writes)",
 			"dirty_budget", t.cfg.DirtyBytes, "flush_threads", cfg.FlushThreads, "dirty_wait", cfg.DirtyWait,
-			"drain_timeout", cfg.DrainTimeout)
+			"drain_timeout", cfg.DrainTimeout, "flush_defer", max(cfg.FlushDefer, 0))
 	}
 	return t, nil
 }
@@ -579,6 +593,7 @@ func (t *Tier) RAMStats() store.RAMStats {
 		DirtyBytes: t.wb.dirty.Load(), FlushBacklog: t.wb.queued.Load(),
 		Flushed: t.wb.flushed.Load(), FlushDropped: t.wb.dropped.Load(), FlushErrors: t.wb.errors.Load(),
 		DirtyWaits: t.wb.waits.Load(), DirtyBusy: t.wb.busy.Load(), Tombstones: t.wb.tombstones.Load(),
+		FlushDeferrals: t.wb.deferrals.Load(),
 	}
 	if t.cfg.Policy == WriteBack {
 		s.WriteBack, s.FlushThreads, s.DirtyBudgetBytes = true, int64(t.cfg.FlushThreads), t.cfg.DirtyBytes

@@ -25,7 +25,16 @@ type wbState struct {
 
 	dirty, queued                                     atomic.Int64
 	flushed, dropped, errors, waits, busy, tombstones atomic.Int64
+	deferrals                                         atomic.Int64
+
+	// The PUT stream that flushers defer to (see Config.FlushDefer).
+	putting atomic.Int32 // write-back PUTs in progress
+	waiting atomic.Int32 // PUTs waiting for dirty budget
+	lastPut atomic.Int64 // Unix ns when the last one ended
 }
+
+// putIdleGap is how long after the last write-back PUT the stream counts as paused.
+const putIdleGap = time.Millisecond
 
 func (t *Tier) startFlushers() {
 	w := &t.wb
@@ -58,6 +67,8 @@ func (t *Tier) acquireDirty(n int64) error {
 		w.bmu.Unlock()
 		if timer == nil {
 			w.waits.Add(1)
+			w.waiting.Add(1)
+			defer w.waiting.Add(-1)
 			timer = time.NewTimer(t.cfg.DirtyWait)
 			defer timer.Stop()
 		}
@@ -88,6 +99,12 @@ func (t *Tier) putBack(key store.Key, st *stripe, sh *shard, size int, fill func
 		t.bypassed.Add(1)
 		return t.putAroundBack(key, st, sh, size, fill)
 	}
+	w := &t.wb
+	w.putting.Add(1)
+	defer func() {
+		w.lastPut.Store(time.Now().UnixNano())
+		w.putting.Add(-1)
+	}()
 	n := store.AlignUp(int64(size))
 	if err := t.acquireDirty(n); err != nil {
 		return err
@@ -118,6 +135,7 @@ func (t *Tier) putBack(key store.Key, st *stripe, sh *shard, size int, fill func
 		t.wb.tombstones.Add(1)
 	}
 	s.pins.Add(1) // the flush queue's pin: the slot is not reused before its flusher is done
+	s.dirty = time.Now().UnixNano()
 	sh.publishDirty(s)
 	st.disk.Unlock()
 	t.unpin(s) // the owner's pin
@@ -168,6 +186,12 @@ func (t *Tier) flusher() {
 			w.mu.Unlock()
 			return
 		}
+		if d := t.flushDefer(time.Now().UnixNano()); d > 0 {
+			w.mu.Unlock()
+			w.deferrals.Add(1)
+			time.Sleep(d)
+			continue
+		}
 		take := min(flushBatch, max(1, len(w.q)/t.cfg.FlushThreads))
 		batch = batch[:0]
 		var bytes int64
@@ -185,6 +209,26 @@ func (t *Tier) flusher() {
 		w.mu.Unlock()
 		t.flush(batch)
 	}
+}
+
+// flushDefer says how long a flusher should hold off before taking the queue's head
+// (w.mu held, queue not empty): while PUTs stream in, the budget is under 3/4 full, no PUT
+// waits for it and the oldest dirty value is younger than FlushDefer. It sleeps at most
+// putIdleGap at a time, so the flush starts within about a millisecond of the stream's
+// pause.
+func (t *Tier) flushDefer(now int64) time.Duration {
+	w := &t.wb
+	if t.cfg.FlushDefer <= 0 || w.stop || w.waiting.Load() > 0 || w.dirty.Load() >= t.cfg.DirtyBytes/4*3 {
+		return 0
+	}
+	if w.putting.Load() == 0 && now-w.lastPut.Load() >= int64(putIdleGap) {
+		return 0
+	}
+	left := int64(t.cfg.FlushDefer) - (now - w.q[0].dirty)
+	if left <= 0 {
+		return 0
+	}
+	return min(time.Duration(left), putIdleGap)
 }
 
 // requeue puts slots a flusher could not take now back at the head of the queue.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/store/slab"
+	"github.com/dfkv/dfkv/go/internal/testutil"
 )
 
 func openSlabDir(t testing.TB, dir string) *slab.Engine {
@@ -344,4 +345,79 @@ func TestWriteBackFlushBatches(t *testing.T) {
 			t.Fatalf("key %d on disk: %d bytes, %v", k, len(got), err)
 		}
 	}
+}
+
+// startBlockedPut starts a write-back PUT of size bytes whose payload does not arrive
+// until the returned func is called (it then waits for the PUT's outcome): while it is
+// open the tier sees a PUT stream in progress.
+func startBlockedPut(t *testing.T, tr *Tier, k store.Key, size int) (finish func()) {
+	t.Helper()
+	release, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- tr.Put(k, size, func(dst []byte) error { <-release; clear(dst); return nil })
+	}()
+	testutil.WaitFor(t, 10*time.Second, "the blocked PUT to start", func() bool { return tr.wb.putting.Load() == 1 })
+	return func() {
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// While a PUT stream is in progress and the budget has room, flushers hold off; once the
+// stream pauses they flush at once.
+func TestWriteBackFlushDefersToPUTStream(t *testing.T) {
+	tr, _ := newWB(t, t.TempDir(), Config{ArenaBytes: 8 * mib, Shards: 2, DirtyBytes: 4 * mib, FlushDefer: time.Minute})
+	defer tr.Close()
+	finish := startBlockedPut(t, tr, key(1), mib)
+	put(t, tr, key(2), val(2, mib))
+	// The flushers have looked at the queued value several times and held off each time.
+	testutil.WaitFor(t, 10*time.Second, "flushers to defer", func() bool { return tr.RAMStats().FlushDeferrals >= 5 })
+	if rs := tr.RAMStats(); rs.Flushed != 0 || rs.FlushBacklog != 1 {
+		t.Fatalf("flushed during the PUT stream: %+v", rs)
+	}
+	finish()
+	testutil.WaitFor(t, 10*time.Second, "both values flushed after the stream paused",
+		func() bool { return tr.RAMStats().Flushed == 2 })
+}
+
+// The deferral ends when the dirty bytes reach 3/4 of the budget, when a value has waited
+// FlushDefer, and never starts when it is off.
+func TestWriteBackFlushDeferBounds(t *testing.T) {
+	t.Run("budget 3/4 full", func(t *testing.T) {
+		tr, _ := newWB(t, t.TempDir(), Config{ArenaBytes: 8 * mib, Shards: 2, DirtyBytes: 4 * mib, FlushDefer: time.Minute})
+		defer tr.Close()
+		finish := startBlockedPut(t, tr, key(1), mib) // holds 1 MiB of the budget
+		defer finish()
+		put(t, tr, key(2), val(2, mib))
+		testutil.WaitFor(t, 10*time.Second, "flushers to defer", func() bool { return tr.RAMStats().FlushDeferrals > 0 })
+		put(t, tr, key(3), val(3, mib)) // 3 MiB dirty: 3/4 of the budget
+		testutil.WaitFor(t, 10*time.Second, "a flush with the budget 3/4 full",
+			func() bool { return tr.RAMStats().Flushed == 2 })
+	})
+	t.Run("oldest value waited FlushDefer", func(t *testing.T) {
+		const deferFor = 50 * time.Millisecond
+		tr, _ := newWB(t, t.TempDir(), Config{ArenaBytes: 8 * mib, Shards: 2, DirtyBytes: 4 * mib, FlushDefer: deferFor})
+		defer tr.Close()
+		finish := startBlockedPut(t, tr, key(1), mib)
+		defer finish()
+		acked := time.Now()
+		put(t, tr, key(2), val(2, mib))
+		testutil.WaitFor(t, 10*time.Second, "the flush after FlushDefer", func() bool { return tr.RAMStats().Flushed == 1 })
+		if waited := time.Since(acked); waited < deferFor {
+			t.Fatalf("flushed %v after the ack, before FlushDefer (%v)", waited, deferFor)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		tr, _ := newWB(t, t.TempDir(), Config{ArenaBytes: 8 * mib, Shards: 2, DirtyBytes: 4 * mib, FlushDefer: -1})
+		defer tr.Close()
+		finish := startBlockedPut(t, tr, key(1), mib)
+		defer finish()
+		put(t, tr, key(2), val(2, mib))
+		testutil.WaitFor(t, 10*time.Second, "the flush", func() bool { return tr.RAMStats().Flushed == 1 })
+		if d := tr.RAMStats().FlushDeferrals; d != 0 {
+			t.Fatalf("%d deferrals with the deferral off", d)
+		}
+	})
 }
