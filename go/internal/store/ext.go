@@ -51,6 +51,12 @@ type DirectItem struct {
 	Key  Key
 	Src  []byte
 	Size int
+	// CRC is the CRC32C (Castagnoli) of Src[:Size] when HasCRC: the caller took it while
+	// the bytes were still in cache (a write-back flush would otherwise reread a cold
+	// megabyte for it). An engine that stores a checksum may use it instead of its own
+	// pass; a wrong one makes the value fail its check on read (a miss, never wrong bytes).
+	CRC    uint32
+	HasCRC bool
 }
 
 // BatchWriter stores several values from caller buffers with one durability point: a disk

@@ -66,7 +66,7 @@ const (
 	DefaultFlushDefer = 250 * time.Millisecond
 	maxAutoValue      = 64 << 20
 	minShardBytes     = 1 << 20
-	stripes           = 4096
+	stripes           = 1 << 16 // a flush holds its batch's stripes across a disk write: PUTs rarely share one
 )
 
 // Config configures a Tier.
@@ -98,11 +98,12 @@ type Config struct {
 	// hit, the unflushed writes are lost and the count is logged.
 	DrainTimeout time.Duration
 	// FlushDefer: while write-back PUTs keep arriving (one in progress, or one ended
-	// under a millisecond ago) and the dirty bytes are under 3/4 of the budget, flushers
-	// leave a dirty value unflushed for up to this long (default 250ms; negative: flush at
-	// once). A burst that fits the budget is then taken at receive speed and flushed in
-	// the gap after it, instead of sharing the CPU (the flush's CRC pass) and memory
-	// bandwidth with it. What a crash can lose stays bounded by the budget.
+	// under 5ms ago) and the dirty bytes are under 3/4 of the budget (once there, until
+	// they are back under 1/2), flushers leave a dirty value unflushed for up to this long
+	// (default 250ms; negative: flush at once). A burst that fits the budget is then taken
+	// at receive speed and flushed in the gap after it, instead of sharing the CPU (the
+	// flush's CRC pass) and memory bandwidth with it. What a crash can lose stays bounded
+	// by the budget.
 	FlushDefer time.Duration
 	// StallFlush is fault injection for tests: flushers write nothing until Close starts
 	// draining, so the dirty budget fills.
@@ -159,6 +160,8 @@ type slot struct {
 	length int   // value length
 	key    store.Key
 	dirty  int64 // write-back: when the value was acknowledged (Unix ns)
+	crc    uint32
+	hasCRC bool // write-back: crc is the value's CRC32C, taken on receive
 	state  uint8
 	pins   atomic.Int32
 }

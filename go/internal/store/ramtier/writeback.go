@@ -3,6 +3,7 @@ package ramtier
 import (
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/dfkv/dfkv/go/internal/store"
 )
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // wbState is the write-back machinery: the dirty budget and the flush queue.
 type wbState struct {
@@ -28,13 +31,19 @@ type wbState struct {
 	deferrals                                         atomic.Int64
 
 	// The PUT stream that flushers defer to (see Config.FlushDefer).
-	putting atomic.Int32 // write-back PUTs in progress
-	waiting atomic.Int32 // PUTs waiting for dirty budget
-	lastPut atomic.Int64 // Unix ns when the last one ended
+	putting  atomic.Int32 // write-back PUTs in progress
+	waiting  atomic.Int32 // PUTs waiting for dirty budget
+	pressure atomic.Bool  // dirty bytes reached 3/4 of the budget, not yet back under 1/2
+	lastPut  atomic.Int64 // Unix ns when the last one ended
 }
 
-// putIdleGap is how long after the last write-back PUT the stream counts as paused.
-const putIdleGap = time.Millisecond
+// putIdleGap is how long after the last write-back PUT the stream counts as paused: longer
+// than the scheduling gaps between a client's back-to-back PUTs on a loaded machine, short
+// against a flush. A deferring flusher looks again every deferPoll.
+const (
+	putIdleGap = 5 * time.Millisecond
+	deferPoll  = time.Millisecond
+)
 
 func (t *Tier) startFlushers() {
 	w := &t.wb
@@ -59,7 +68,7 @@ func (t *Tier) acquireDirty(n int64) error {
 	for {
 		w.bmu.Lock()
 		if d := w.dirty.Load(); d == 0 || d+n <= t.cfg.DirtyBytes {
-			w.dirty.Add(n)
+			t.notePressure(w.dirty.Add(n))
 			w.bmu.Unlock()
 			return nil
 		}
@@ -85,7 +94,7 @@ func (t *Tier) acquireDirty(n int64) error {
 func (t *Tier) releaseDirty(n int64) {
 	w := &t.wb
 	w.bmu.Lock()
-	w.dirty.Add(-n)
+	t.notePressure(w.dirty.Add(-n))
 	close(w.bwake)
 	w.bwake = make(chan struct{})
 	w.bmu.Unlock()
@@ -123,6 +132,13 @@ func (t *Tier) putBack(key store.Key, st *stripe, sh *shard, size int, fill func
 		return err
 	}
 	s.length = size
+	// The flush's record needs the CRC32C. When the flushers are the bottleneck (they are
+	// not deferring: the budget is 3/4 full or the deferral is off) it is taken now, over
+	// bytes the socket copy just left in cache: about a third of the cold reread at flush
+	// time. While flushes defer, it is left to them, off the burst's path.
+	if s.hasCRC = !t.flushMayDefer(); s.hasCRC {
+		s.crc = crc32.Checksum(buf[:size], castagnoli)
+	}
 	st.disk.Lock()
 	if _, err := t.backing.Stat(key); !errors.Is(err, store.ErrNotFound) {
 		if err := t.backing.Remove(key); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -214,11 +230,10 @@ func (t *Tier) flusher() {
 // flushDefer says how long a flusher should hold off before taking the queue's head
 // (w.mu held, queue not empty): while PUTs stream in, the budget is under 3/4 full, no PUT
 // waits for it and the oldest dirty value is younger than FlushDefer. It sleeps at most
-// putIdleGap at a time, so the flush starts within about a millisecond of the stream's
-// pause.
+// deferPoll at a time, so the flush starts within about putIdleGap of the stream's pause.
 func (t *Tier) flushDefer(now int64) time.Duration {
 	w := &t.wb
-	if t.cfg.FlushDefer <= 0 || w.stop || w.waiting.Load() > 0 || w.dirty.Load() >= t.cfg.DirtyBytes/4*3 {
+	if w.stop || !t.flushMayDefer() {
 		return 0
 	}
 	if w.putting.Load() == 0 && now-w.lastPut.Load() >= int64(putIdleGap) {
@@ -228,7 +243,27 @@ func (t *Tier) flushDefer(now int64) time.Duration {
 	if left <= 0 {
 		return 0
 	}
-	return min(time.Duration(left), putIdleGap)
+	return min(time.Duration(left), deferPoll)
+}
+
+// flushMayDefer reports whether the budget leaves the flushers room to defer: deferral on,
+// no PUT waiting for budget, and no budget pressure (see notePressure).
+func (t *Tier) flushMayDefer() bool {
+	w := &t.wb
+	return t.cfg.FlushDefer > 0 && w.waiting.Load() == 0 && !w.pressure.Load()
+}
+
+// notePressure follows the dirty bytes d (w.bmu held, so updates land in order): pressure
+// starts when they reach 3/4 of the budget and lasts until they are under 1/2, so that a
+// sustained stream keeps every flusher writing instead of stopping them each time a flush
+// dips under 3/4.
+func (t *Tier) notePressure(d int64) {
+	switch w := &t.wb; {
+	case d >= t.cfg.DirtyBytes/4*3:
+		w.pressure.Store(true)
+	case d < t.cfg.DirtyBytes/2:
+		w.pressure.Store(false)
+	}
 }
 
 // requeue puts slots a flusher could not take now back at the head of the queue.
@@ -271,7 +306,7 @@ func (t *Tier) flush(batch []*slot) {
 		cur[i] = s.state == slotDirty && sh.index[s.key] == s
 		sh.mu.RUnlock()
 		if cur[i] {
-			items[ni] = store.DirectItem{Key: s.key, Src: t.bytesOf(s), Size: s.length}
+			items[ni] = store.DirectItem{Key: s.key, Src: t.bytesOf(s), Size: s.length, CRC: s.crc, HasCRC: s.hasCRC}
 			idx[ni] = i
 			ni++
 		}

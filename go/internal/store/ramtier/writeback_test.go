@@ -382,8 +382,8 @@ func TestWriteBackFlushDefersToPUTStream(t *testing.T) {
 		func() bool { return tr.RAMStats().Flushed == 2 })
 }
 
-// The deferral ends when the dirty bytes reach 3/4 of the budget, when a value has waited
-// FlushDefer, and never starts when it is off.
+// The deferral ends when the dirty bytes reach 3/4 of the budget (until they are under 1/2),
+// when a value has waited FlushDefer, and never starts when it is off.
 func TestWriteBackFlushDeferBounds(t *testing.T) {
 	t.Run("budget 3/4 full", func(t *testing.T) {
 		tr, _ := newWB(t, t.TempDir(), Config{ArenaBytes: 8 * mib, Shards: 2, DirtyBytes: 4 * mib, FlushDefer: time.Minute})
@@ -393,8 +393,17 @@ func TestWriteBackFlushDeferBounds(t *testing.T) {
 		put(t, tr, key(2), val(2, mib))
 		testutil.WaitFor(t, 10*time.Second, "flushers to defer", func() bool { return tr.RAMStats().FlushDeferrals > 0 })
 		put(t, tr, key(3), val(3, mib)) // 3 MiB dirty: 3/4 of the budget
-		testutil.WaitFor(t, 10*time.Second, "a flush with the budget 3/4 full",
+		// Flushes run until the dirty bytes are under 1/2 of the budget: both values (the
+		// blocked PUT's megabyte stays charged).
+		testutil.WaitFor(t, 10*time.Second, "the flushes with the budget 3/4 full",
 			func() bool { return tr.RAMStats().Flushed == 2 })
+		// Under 1/2 again, the deferral is back.
+		put(t, tr, key(4), val(4, mib))
+		d := tr.RAMStats().FlushDeferrals
+		testutil.WaitFor(t, 10*time.Second, "flushers to defer again", func() bool { return tr.RAMStats().FlushDeferrals >= d+5 })
+		if rs := tr.RAMStats(); rs.Flushed != 2 {
+			t.Fatalf("flushed %d under 1/2 of the budget, want the deferral back", rs.Flushed)
+		}
 	})
 	t.Run("oldest value waited FlushDefer", func(t *testing.T) {
 		const deferFor = 50 * time.Millisecond
@@ -420,4 +429,37 @@ func TestWriteBackFlushDeferBounds(t *testing.T) {
 			t.Fatalf("%d deferrals with the deferral off", d)
 		}
 	})
+}
+
+// With the flushers the bottleneck (deferral off, or the budget 3/4 full) a PUT takes its
+// CRC on receive and the flush stores it; while flushes may defer it is left to them.
+// Either way the disk holds the exact bytes (the slab verifies the CRC on read).
+func TestWriteBackCRCOnReceiveWhenFlushBound(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deferFor time.Duration
+		onRecv   bool
+		keyBase  int
+	}{{"deferral off", -1, true, 10}, {"deferral on, budget empty", time.Minute, false, 20}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tr, _ := newWB(t, dir, Config{ArenaBytes: 8 * mib, Shards: 2, DirtyBytes: 4 * mib, FlushDefer: tc.deferFor, StallFlush: true})
+			k, v := key(tc.keyBase), val(tc.keyBase, 300*kib)
+			put(t, tr, k, v)
+			sh := tr.shardOf(k)
+			sh.mu.RLock()
+			s := sh.index[k]
+			hasCRC := s.hasCRC
+			sh.mu.RUnlock()
+			if hasCRC != tc.onRecv {
+				t.Fatalf("CRC taken on receive: %v, want %v", hasCRC, tc.onRecv)
+			}
+			if err := tr.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := diskValue(t, dir, k); err != nil || !bytes.Equal(got, v) {
+				t.Fatalf("after the flush the disk holds %d bytes (%v)", len(got), err)
+			}
+		})
+	}
 }

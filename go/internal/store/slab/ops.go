@@ -74,7 +74,7 @@ func (e *Engine) checkDirect(key store.Key, src []byte, size int) error {
 // both are durable. See overlapped for why the record may be durable before its payload.
 func (e *Engine) store(key store.Key, size, ci int, buf []byte) error {
 	var st staged
-	if err := e.stage(&st, key, size, ci, buf, false); err != nil {
+	if err := e.stage(&st, key, size, ci, buf, nil, false); err != nil {
 		return err
 	}
 	e.overlapped([]*staged{&st})
@@ -151,10 +151,14 @@ func (e *Engine) PutFromBatch(items []store.DirectItem, errs []error) {
 			continue
 		}
 		ci := e.classFor(it.Size)
-		err := e.stage(&st[i], it.Key, it.Size, ci, it.Src, len(pending) > 0)
+		var crc *uint32
+		if it.HasCRC {
+			crc = &items[i].CRC
+		}
+		err := e.stage(&st[i], it.Key, it.Size, ci, it.Src, crc, len(pending) > 0)
 		if err == errWouldWait {
 			commit()
-			err = e.stage(&st[i], it.Key, it.Size, ci, it.Src, false)
+			err = e.stage(&st[i], it.Key, it.Size, ci, it.Src, crc, false)
 		}
 		if err != nil {
 			errs[i] = err
@@ -185,12 +189,13 @@ type staged struct {
 	victimBuf, tombBuf [8]*slot
 }
 
-// stage reserves a slot, starts the payload write, computes the CRC32C meanwhile, and
+// stage reserves a slot, starts the payload write, computes the CRC32C meanwhile (unless the
+// caller knows it: crc), and
 // writes, without syncing, the evicted values' tombstones, the replaced value's tombstone
 // and the record; overlapped then commits and waits for the payload. An error means nothing
 // is left to finish. The payload may land before or after the record: either order is a
 // CRC miss after a crash until both are durable (see overlapped).
-func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWait bool) error {
+func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, crc *uint32, noWait bool) error {
 	n := alignUp(int64(size))
 	clear(buf[size:n]) // the tail padding must not carry stale bytes of another value
 	st.key, st.size, st.ci, st.buf = key, size, ci, buf
@@ -216,7 +221,11 @@ func (e *Engine) stage(st *staged, key store.Key, size, ci int, buf []byte, noWa
 		defer st.payload.Done()
 		st.payErr = e.writePayload(st)
 	}()
-	st.crc = crc32.Checksum(buf[:size], castagnoli) // while the device writes the same bytes
+	if crc != nil {
+		st.crc = *crc
+	} else {
+		st.crc = crc32.Checksum(buf[:size], castagnoli) // while the device writes the same bytes
+	}
 
 	// The value this Put replaces (if any) is pinned, so that its slot cannot be reused
 	// under the tombstone written below, and tombstoned in the same group commit as the new
