@@ -50,6 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
 
+from .. import client as _client_mod
 from .. import identity
 
 __all__ = [
@@ -177,7 +178,9 @@ class LazyClient:
         self._ns = bytes(namespace)
         self._lock = threading.Lock()
         self._client: Any = None
-        self._pid: Optional[int] = None
+        # The fork generation (dfkv.client) the client was opened under: checked on every
+        # lookup instead of os.getpid(), a system call each time.
+        self._gen: Optional[int] = None
         self._next_try = 0.0
         self._closed = False
         self._fatal: Optional[str] = None
@@ -195,23 +198,24 @@ class LazyClient:
             self._ns = namespace
             old, self._client = self._client, None
             self._next_try = 0.0
-        if old is not None and self._pid == os.getpid():
+        if old is not None and self._gen == _client_mod._fork_generation:
             old.close()
 
     def peek(self) -> Any:
         """The open client, if any (no open attempt)."""
-        return self._client if self._pid == os.getpid() else None
+        return self._client if self._gen == _client_mod._fork_generation else None
 
     def get(self) -> Any:
         c = self._client
-        pid = os.getpid()
-        if c is not None and self._pid == pid:
+        gen = _client_mod._fork_generation
+        if c is not None and self._gen == gen:
             return c
         with self._lock:
             if self._closed or self._fatal is not None:
                 return None
-            if self._client is not None and self._pid == pid:
+            if self._client is not None and self._gen == gen:
                 return self._client
+            pid = os.getpid()
             from .. import _lib
 
             parent = _lib.forked_after_load()
@@ -237,7 +241,7 @@ class LazyClient:
                 apply_library_env(self.cfg.library_env(), self.name)
                 self._client = Client(self.cfg.members or None, namespace=self._ns,
                                       **self.cfg.client_kwargs())
-                self._pid = pid
+                self._gen = gen
                 logger.info("%s: dfkv client open (%s, members=%s, mds=%s)", self.name,
                             self._client.transport_mode, self.cfg.members, self.cfg.mds_endpoints)
                 return self._client
@@ -256,7 +260,7 @@ class LazyClient:
         with self._lock:
             self._closed = True
             c, self._client = self._client, None
-        if c is not None and self._pid == os.getpid():
+        if c is not None and self._gen == _client_mod._fork_generation:
             try:
                 c.close()
             except Exception:
