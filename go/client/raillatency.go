@@ -70,7 +70,9 @@ func (l *railLatency) observe(rail string, perOp float64) {
 // splitSlow splits order (one tier, in preference order) into the rails kept in place and
 // the slow ones: a rail is slow when it and the tier's fastest rail both have enough
 // samples and its EWMA exceeds factor times the fastest one's and the fastest one's plus
-// railSlowMinGap. The primary is never slow (an explicit choice; it may be the best).
+// railSlowMinGap; a rail already demoted stays slow until its EWMA is under halfway from
+// the fastest one's to that limit. The primary is never slow (an explicit choice; it may be
+// the best).
 // factor <= 0: none is slow.
 func splitSlow(order []string, stats map[string]*railLat, factor float64, primary string) (kept, slow []string) {
 	if factor <= 0 || len(order) < 2 {
@@ -86,8 +88,12 @@ func splitSlow(order []string, stats map[string]*railLat, factor float64, primar
 		return order, nil
 	}
 	limit := max(factor*best, best+railSlowMinGap.Seconds())
+	// Hysteresis: a demoted rail stays demoted until it is under halfway between the best
+	// and the limit, so that one hovering at the limit does not flap (and log) every pick.
+	restore := best + (limit-best)/2
 	for _, d := range order {
-		if st := stats[d]; d != primary && st != nil && st.n >= railLatencyMinSamples && st.ewma > limit {
+		if st := stats[d]; d != primary && st != nil && st.n >= railLatencyMinSamples &&
+			(st.ewma > limit || (st.demoted && st.ewma > restore)) {
 			slow = append(slow, d)
 		} else {
 			kept = append(kept, d)

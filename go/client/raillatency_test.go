@@ -63,6 +63,20 @@ func TestSplitSlow(t *testing.T) {
 		{name: "one rail: never demoted", order: []string{"b"}, factor: 4,
 			feed: func(l *railLatency) { samples(l, "a", 1*ms, 8); samples(l, "b", 500*ms, 8) },
 			kept: []string{"b"}},
+		// Hysteresis: the limit is 4 ms here, the restore line 2.5 ms.
+		{name: "demoted, between the restore line and the limit: stays slow", order: []string{"a", "b"}, factor: 4,
+			feed: func(l *railLatency) { samples(l, "a", 1*ms, 8); samples(l, "b", 3*ms, 8); l.rails["b"].demoted = true },
+			kept: []string{"a"}, slow: []string{"b"}},
+		{name: "not demoted, same EWMA: kept", order: []string{"a", "b"}, factor: 4,
+			feed: func(l *railLatency) { samples(l, "a", 1*ms, 8); samples(l, "b", 3*ms, 8) },
+			kept: []string{"a", "b"}},
+		{name: "demoted, under the restore line: restored", order: []string{"a", "b"}, factor: 4,
+			feed: func(l *railLatency) {
+				samples(l, "a", 1*ms, 8)
+				samples(l, "b", 2.4*ms, 8)
+				l.rails["b"].demoted = true
+			},
+			kept: []string{"a", "b"}},
 		{name: "zero EWMA best", order: []string{"a", "b"}, factor: 4,
 			feed: func(l *railLatency) { samples(l, "a", 0, 8); samples(l, "b", 0, 8) },
 			kept: []string{"a", "b"}},
