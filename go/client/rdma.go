@@ -647,7 +647,7 @@ func (c *Client) rdmaDialLane(ctx context.Context, p *peer, rail string, v1, sg 
 	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: dev.Name(), Shared: dev,
 		Depth: depth, MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
 		ForceV1: v1, MRCacheBytes: o.MRCacheBytes,
-		Notify: onesided.NotifyConfig{Enabled: o.Notify, OOBFallback: o.NotifyOOBFallback}})
+		Notify: onesided.NotifyConfig{Enabled: o.Notify, OOBFallback: o.NotifyOOBFallback, Handler: c.railNotice(p)}})
 	if !stop() { // the context ended during the bootstrap: not the rail's nor the server's fault
 		if err == nil {
 			oc.Close()
@@ -708,6 +708,27 @@ func (c *Client) quarantineRail(p *peer, rail string) {
 		c.opts.Logger.Warn("dfkv: rdma rail quarantined for a server", "server", p.addr, "rail", rail, "for", d)
 	}
 	c.startProbe(p, rail)
+}
+
+// railNotice handles a server's dfkv.rail notifications: a rail of this client's that the
+// server says is no longer healthy is quarantined towards it at once, before an op fails
+// on it (the membership's topology says the same a poll later). Recovery stays the
+// probe's, which checks the published health and a fresh connection.
+func (c *Client) railNotice(p *peer) func(name string, body []byte) {
+	return func(name string, body []byte) {
+		if name != onesided.NotifyRail {
+			return
+		}
+		dev, health, _, err := onesided.ParseRailEvent(body)
+		if err != nil {
+			c.opts.Logger.Debug("dfkv: rdma notification ignored", "server", p.addr, "err", err)
+			return
+		}
+		if _, mine := c.rdma.rc.tier[dev]; !mine || health == fb.RailHealthHealthy.String() {
+			return
+		}
+		go c.quarantineRail(p, dev) // the handler runs on the notification poller: never block it
+	}
 }
 
 func (c *Client) markTCP(p *peer, why string) {

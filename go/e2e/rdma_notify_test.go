@@ -120,3 +120,52 @@ func TestRDMANotifyRailEvent(t *testing.T) {
 		t.Fatalf("get after the events: %v", err)
 	}
 }
+
+// TestRDMARailNoticeQuarantines: a client on soft0 and soft1 (soft0 primary, so every op
+// uses soft0) hears the server's dfkv.rail notice that soft1 went down and quarantines
+// soft1 towards that server at once: no op failed on soft1, no topology told it.
+func TestRDMARailNoticeQuarantines(t *testing.T) {
+	dir := t.TempDir()
+	faults := filepath.Join(dir, "soft-faults")
+	if err := soft.WriteFaults(faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(soft.FaultsEnv, faults)
+	s := startServer(t, filepath.Join(dir, "node"), "--cap", "256MiB", "--max-msg", "4MiB",
+		"--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1", "--rdma-segment", "64MiB",
+		"--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", "2")
+	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("notice"), IOTimeout: 10 * time.Second,
+		RDMA: &client.RDMAOptions{Provider: "soft", Devices: []string{"soft0", "soft1"}, Primary: "soft0", Notify: true,
+			RailProbeInterval: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	v := rnd(300000, 2)
+	if err := c.Put(context.Background(), []byte("k"), v); err != nil {
+		t.Fatal(err)
+	}
+	if c.TransportMode() != "rdma" {
+		t.Fatalf("mode %q", c.TransportMode())
+	}
+	if q := clientRail(t, c, "dfkv_rdma_client_rail_quarantines_total", "soft1"); q != 0 {
+		t.Fatalf("soft1 quarantined %v times before any event", q)
+	}
+	if err := soft.WriteFaults(faults, "soft1 port down\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "soft1 quarantined on the server's notice", func() bool {
+		return clientRail(t, c, "dfkv_rdma_client_rail_quarantines_total", "soft1") == 1
+	})
+	if e := clientRail(t, c, "dfkv_rdma_client_rail_completion_errors_total", "soft1"); e != 0 {
+		t.Fatalf("%v completion errors on soft1: the quarantine came from a failed op", e)
+	}
+	got := make([]byte, len(v))
+	if err := c.Get(context.Background(), []byte("k"), got); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("get on soft0 after the notice: %v", err)
+	}
+}

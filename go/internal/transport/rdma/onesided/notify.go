@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -341,4 +343,17 @@ func (r *RailServer) Broadcast(ctx context.Context, name string, body []byte) (s
 // RailEventBody is a dfkv.rail notification's body: "<device> <health> <generation>".
 func RailEventBody(device, health string, generation uint32) []byte {
 	return fmt.Appendf(nil, "%s %s %d", device, health, generation)
+}
+
+// ParseRailEvent reads a dfkv.rail body (RailEventBody); anything else is an error.
+func ParseRailEvent(body []byte) (device, health string, generation uint32, err error) {
+	f := strings.Fields(string(body))
+	if len(f) != 3 || len(body) > 256 {
+		return "", "", 0, fmt.Errorf("onesided: dfkv.rail body %q: want \"<device> <health> <generation>\"", body)
+	}
+	g, err := strconv.ParseUint(f[2], 10, 32)
+	if err != nil {
+		return "", "", 0, fmt.Errorf("onesided: dfkv.rail body %q: generation: %w", body, err)
+	}
+	return f[0], f[1], uint32(g), nil
 }

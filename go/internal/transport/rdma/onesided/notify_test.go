@@ -418,3 +418,29 @@ func TestNotifyRailEvent(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRailEvent(t *testing.T) {
+	d, h, g, err := ParseRailEvent(RailEventBody("mlx5_1", "Down", 7))
+	if err != nil || d != "mlx5_1" || h != "Down" || g != 7 {
+		t.Fatalf("round trip: %q %q %d %v", d, h, g, err)
+	}
+	for _, bad := range []string{"", "mlx5_1 Down", "mlx5_1 Down 7 x", "mlx5_1 Down -1", "mlx5_1 Down 4294967296", "a b c"} {
+		if _, _, _, err := ParseRailEvent([]byte(bad)); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+func FuzzParseRailEvent(f *testing.F) {
+	f.Add(RailEventBody("soft1", "Healthy", 3))
+	f.Add([]byte("x y 99999999999"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		d, h, g, err := ParseRailEvent(body)
+		if err != nil {
+			return
+		}
+		if d2, h2, g2, err := ParseRailEvent(RailEventBody(d, h, g)); err != nil || d2 != d || h2 != h || g2 != g {
+			t.Fatalf("%q: re-encoded parse %q %q %d %v", body, d2, h2, g2, err)
+		}
+	})
+}
