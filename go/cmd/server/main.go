@@ -222,6 +222,7 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 		return err
 	}
 	addr := ln.Addr().String()
+	stop.Ready() // from here a stop signal is a clean stop (Wait below)
 	if err := cli.WriteAddrFile(o.addrFile, addr); err != nil {
 		ln.Close()
 		closeEngine()

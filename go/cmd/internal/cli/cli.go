@@ -108,7 +108,7 @@ func RunDaemon(name string, showVersion bool, logLevel string, serve func(*slog.
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 2
 	}
-	stop := CatchStop()
+	stop := CatchStop(log)
 	defer stop.Release()
 	if err := serve(log, stop); err != nil {
 		log.Error(name+" failed", "err", err)

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,23 +83,66 @@ func WriteAddrFile(path, addr string) error {
 	return nil
 }
 
-// Stop is a daemon's subscription to SIGTERM and SIGINT. RunDaemon takes it before serve
-// runs, so a signal sent the moment the address file appears (a supervisor or test that
-// starts the daemon, reads the file and stops it) is a clean stop, not death by the
-// signal's default action.
-type Stop struct{ sig chan os.Signal }
+// Stop is a daemon's subscription to SIGTERM and SIGINT, taken by RunDaemon before serve
+// runs. Until Ready a signal ends the process at once, as the signal's default action did
+// (a long start, such as a slab rebuild, must not hold up a stop). From Ready, which a
+// daemon calls just before it announces itself (the address file), a signal is kept for
+// Wait: one sent the moment the address file appears (a supervisor or test that starts the
+// daemon, reads the file and stops it) is a clean stop.
+type Stop struct {
+	sig     chan os.Signal
+	kept    chan os.Signal // signals from Ready on, for Wait
+	mu      sync.Mutex
+	ready   bool
+	onEarly func(os.Signal) // a signal before Ready (default: exit)
+	done    chan struct{}
+}
 
 // CatchStop subscribes to SIGTERM and SIGINT; Release ends the subscription.
-func CatchStop() *Stop {
-	s := &Stop{sig: make(chan os.Signal, 1)}
+func CatchStop(log *slog.Logger) *Stop {
+	return catchStop(func(sig os.Signal) {
+		log.Info("stopping during start: exiting at once", "signal", sig.String())
+		os.Exit(1)
+	})
+}
+
+func catchStop(onEarly func(os.Signal)) *Stop {
+	s := &Stop{sig: make(chan os.Signal, 1), kept: make(chan os.Signal, 1), onEarly: onEarly, done: make(chan struct{})}
 	signal.Notify(s.sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		defer close(s.done)
+		for sig := range s.sig {
+			s.mu.Lock()
+			ready := s.ready
+			s.mu.Unlock()
+			if !ready {
+				s.onEarly(sig)
+				continue
+			}
+			select {
+			case s.kept <- sig:
+			default: // one kept signal is enough to stop
+			}
+		}
+	}()
 	return s
 }
 
-// Release stops catching the signals.
-func (s *Stop) Release() { signal.Stop(s.sig) }
+// Ready hands later signals to Wait instead of ending the process.
+func (s *Stop) Ready() {
+	s.mu.Lock()
+	s.ready = true
+	s.mu.Unlock()
+}
 
-// Wait blocks until SIGTERM or SIGINT, caught any time since CatchStop (it returns nil), or
+// Release stops catching the signals.
+func (s *Stop) Release() {
+	signal.Stop(s.sig) // no send on s.sig after it returns
+	close(s.sig)
+	<-s.done
+}
+
+// Wait blocks until SIGTERM or SIGINT, caught any time since Ready (it returns nil), or
 // until one of failures delivers (it returns that error, logged as what).
 func (s *Stop) Wait(log *slog.Logger, failures map[string]<-chan error) error {
 	// A fixed set of at most a few channels: one goroutine each forwards the first error.
@@ -122,7 +166,7 @@ func (s *Stop) Wait(log *slog.Logger, failures map[string]<-chan error) error {
 		}()
 	}
 	select {
-	case sig := <-s.sig:
+	case sig := <-s.kept:
 		log.Info("stopping", "signal", sig.String())
 		return nil
 	case f := <-fc:

@@ -77,20 +77,23 @@ func TestStartMetricsOff(t *testing.T) {
 }
 
 func TestStopWait(t *testing.T) {
+	noEarly := func(sig os.Signal) { t.Errorf("signal %v handled as one during start", sig) }
 	boom := errors.New("listener died")
 	ch := make(chan error, 1)
 	ch <- boom
-	stop := CatchStop()
+	stop := catchStop(noEarly)
+	stop.Ready()
 	if err := stop.Wait(quiet, map[string]<-chan error{"listener": ch, "unused": nil}); err != boom {
 		t.Fatalf("failure: %v", err)
 	}
 	stop.Release()
 
-	// A signal sent after CatchStop but before Wait (the daemon is still starting, or has
-	// just written its address file) is kept and ends the wait with nil. Before the
-	// subscription moved ahead of serve, this signal killed the process.
-	stop = CatchStop()
+	// A signal sent after Ready but before Wait (the daemon has just written its address
+	// file) is kept and ends the wait with nil. Before the subscription moved ahead of
+	// serve, this signal killed the process.
+	stop = catchStop(noEarly)
 	defer stop.Release()
+	stop.Ready()
 	if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -103,5 +106,28 @@ func TestStopWait(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Wait ignored the SIGINT caught before it")
+	}
+}
+
+// Before Ready (a long start) a signal goes to the early handler, which in a daemon exits
+// at once; Wait never sees it.
+func TestStopSignalDuringStart(t *testing.T) {
+	early := make(chan os.Signal, 1)
+	stop := catchStop(func(sig os.Signal) { early <- sig })
+	defer stop.Release()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case sig := <-early:
+		if sig != syscall.SIGTERM {
+			t.Fatalf("early handler got %v", sig)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a signal during start reached no handler")
+	}
+	stop.Ready()
+	if len(stop.kept) != 0 {
+		t.Fatal("a signal from before Ready was kept for Wait")
 	}
 }
