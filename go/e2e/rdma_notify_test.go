@@ -66,25 +66,8 @@ func TestRDMANotifyDrain(t *testing.T) {
 // published health change (down, quarantined, healthy) reaches the client as a native
 // dfkv.rail notification on its soft0 connection; the server counts the sends on soft0.
 func TestRDMANotifyRailEvent(t *testing.T) {
-	dir := t.TempDir()
-	faults := filepath.Join(dir, "soft-faults")
-	if err := soft.WriteFaults(faults, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(soft.FaultsEnv, faults)
-	s := startServer(t, filepath.Join(dir, "node"), "--cap", "256MiB", "--max-msg", "4MiB",
-		"--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1", "--rdma-segment", "64MiB",
-		"--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", "2")
-	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rail"), IOTimeout: 10 * time.Second,
-		RDMA: &client.RDMAOptions{Provider: "soft", Device: "soft0", Notify: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	s, faults := startRailEventServer(t)
+	c := railEventClient(t, s, "rail", client.RDMAOptions{Provider: "soft", Device: "soft0", Notify: true})
 	v := rnd(300000, 1)
 	if err := c.Put(context.Background(), []byte("k"), v); err != nil {
 		t.Fatal(err)
@@ -125,26 +108,9 @@ func TestRDMANotifyRailEvent(t *testing.T) {
 // uses soft0) hears the server's dfkv.rail notice that soft1 went down and quarantines
 // soft1 towards that server at once: no op failed on soft1, no topology told it.
 func TestRDMARailNoticeQuarantines(t *testing.T) {
-	dir := t.TempDir()
-	faults := filepath.Join(dir, "soft-faults")
-	if err := soft.WriteFaults(faults, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(soft.FaultsEnv, faults)
-	s := startServer(t, filepath.Join(dir, "node"), "--cap", "256MiB", "--max-msg", "4MiB",
-		"--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1", "--rdma-segment", "64MiB",
-		"--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", "2")
-	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("notice"), IOTimeout: 10 * time.Second,
-		RDMA: &client.RDMAOptions{Provider: "soft", Devices: []string{"soft0", "soft1"}, Primary: "soft0", Notify: true,
-			RailProbeInterval: -1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	s, faults := startRailEventServer(t)
+	c := railEventClient(t, s, "notice", client.RDMAOptions{Provider: "soft", Devices: []string{"soft0", "soft1"},
+		Primary: "soft0", Notify: true, RailProbeInterval: -1})
 	v := rnd(300000, 2)
 	if err := c.Put(context.Background(), []byte("k"), v); err != nil {
 		t.Fatal(err)
@@ -168,4 +134,35 @@ func TestRDMARailNoticeQuarantines(t *testing.T) {
 	if err := c.Get(context.Background(), []byte("k"), got); err != nil || !bytes.Equal(got, v) {
 		t.Fatalf("get on soft0 after the notice: %v", err)
 	}
+}
+
+// startRailEventServer starts a dfkv_server on soft0 and soft1 whose rail health is
+// sampled every 50 ms, with a soft fault file (returned) that the test writes.
+func startRailEventServer(t *testing.T) (*serverProc, string) {
+	t.Helper()
+	dir := t.TempDir()
+	faults := filepath.Join(dir, "soft-faults")
+	if err := soft.WriteFaults(faults, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(soft.FaultsEnv, faults)
+	s := startServer(t, filepath.Join(dir, "node"), "--cap", "256MiB", "--max-msg", "4MiB",
+		"--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1", "--rdma-segment", "64MiB",
+		"--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", "2")
+	return s, faults
+}
+
+// railEventClient is a Go client of s alone (closed at the test's end).
+func railEventClient(t *testing.T, s *serverProc, ns string, o client.RDMAOptions) *client.Client {
+	t.Helper()
+	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte(ns), IOTimeout: 10 * time.Second, RDMA: &o})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
