@@ -66,7 +66,7 @@ func TestRDMANotifyDrain(t *testing.T) {
 // published health change (down, quarantined, healthy) reaches the client as a native
 // dfkv.rail notification on its soft0 connection; the server counts the sends on soft0.
 func TestRDMANotifyRailEvent(t *testing.T) {
-	s, faults := startRailEventServer(t)
+	s, faults := startSoftRailsServer(t, "", "--max-msg", "4MiB")
 	c := railEventClient(t, s, "rail", client.RDMAOptions{Provider: "soft", Device: "soft0", Notify: true})
 	v := rnd(300000, 1)
 	if err := c.Put(context.Background(), []byte("k"), v); err != nil {
@@ -108,7 +108,7 @@ func TestRDMANotifyRailEvent(t *testing.T) {
 // uses soft0) hears the server's dfkv.rail notice that soft1 went down and quarantines
 // soft1 towards that server at once: no op failed on soft1, no topology told it.
 func TestRDMARailNoticeQuarantines(t *testing.T) {
-	s, faults := startRailEventServer(t)
+	s, faults := startSoftRailsServer(t, "", "--max-msg", "4MiB")
 	c := railEventClient(t, s, "notice", client.RDMAOptions{Provider: "soft", Devices: []string{"soft0", "soft1"},
 		Primary: "soft0", Notify: true, RailProbeInterval: -1})
 	v := rnd(300000, 2)
@@ -136,20 +136,20 @@ func TestRDMARailNoticeQuarantines(t *testing.T) {
 	}
 }
 
-// startRailEventServer starts a dfkv_server on soft0 and soft1 whose rail health is
-// sampled every 50 ms, with a soft fault file (returned) that the test writes.
-func startRailEventServer(t *testing.T) (*serverProc, string) {
+// startSoftRailsServer starts a dfkv_server on soft0 and soft1 whose rail health is
+// sampled every 50 ms, with a soft fault file (returned, holding initial) that the test
+// writes; extra flags follow the common ones.
+func startSoftRailsServer(t *testing.T, initial string, extra ...string) (*serverProc, string) {
 	t.Helper()
 	dir := t.TempDir()
 	faults := filepath.Join(dir, "soft-faults")
-	if err := soft.WriteFaults(faults, ""); err != nil {
+	if err := soft.WriteFaults(faults, initial); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv(soft.FaultsEnv, faults)
-	s := startServer(t, filepath.Join(dir, "node"), "--cap", "256MiB", "--max-msg", "4MiB",
-		"--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1", "--rdma-segment", "64MiB",
-		"--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", "2")
-	return s, faults
+	args := append([]string{"--cap", "256MiB", "--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1",
+		"--rdma-segment", "64MiB", "--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", "2"}, extra...)
+	return startServer(t, filepath.Join(dir, "node"), args...), faults
 }
 
 // railEventClient is a Go client of s alone (closed at the test's end).

@@ -301,15 +301,7 @@ func TestRDMARailsBadConfigRefused(t *testing.T) {
 // not served; when it comes up it is published Healthy (after the recovery samples) and
 // then served.
 func TestRDMARailDownAtStart(t *testing.T) {
-	dir := t.TempDir()
-	faults := filepath.Join(dir, "soft-faults")
-	if err := soft.WriteFaults(faults, "soft1 port down\n"); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(soft.FaultsEnv, faults)
-	s := startServer(t, filepath.Join(dir, "node"), "--cap", "256MiB", "--max-msg", "1MiB",
-		"--rdma", "--rdma-provider", "soft", "--rdma-dev", "soft0,soft1", "--rdma-segment", "64MiB",
-		"--rdma-health-interval", "50ms", "--rdma-health-recovery-samples", "2", "--log-level", "info")
+	s, faults := startSoftRailsServer(t, "soft1 port down\n", "--max-msg", "1MiB", "--log-level", "info")
 	metrics := func() string {
 		resp, err := http.Get("http://" + s.metricsAddr + "/metrics")
 		if err != nil {
@@ -325,7 +317,7 @@ func TestRDMARailDownAtStart(t *testing.T) {
 	if !strings.Contains(s.log.String(), "rdma rail not served") {
 		t.Fatalf("no warning for the rail not served:\n%s", s.log)
 	}
-	cp, err := soft.New(soft.Options{Devices: 2, FaultFile: filepath.Join(dir, "no-faults-for-the-client")})
+	cp, err := soft.New(soft.Options{Devices: 2, FaultFile: filepath.Join(t.TempDir(), "no-faults-for-the-client")})
 	if err != nil {
 		t.Fatal(err)
 	}

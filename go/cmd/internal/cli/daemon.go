@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -92,8 +92,7 @@ func WriteAddrFile(path, addr string) error {
 type Stop struct {
 	sig     chan os.Signal
 	kept    chan os.Signal // signals from Ready on, for Wait
-	mu      sync.Mutex
-	ready   bool
+	ready   atomic.Bool
 	onEarly func(os.Signal) // a signal before Ready (default: exit)
 	done    chan struct{}
 }
@@ -112,10 +111,7 @@ func catchStop(onEarly func(os.Signal)) *Stop {
 	go func() {
 		defer close(s.done)
 		for sig := range s.sig {
-			s.mu.Lock()
-			ready := s.ready
-			s.mu.Unlock()
-			if !ready {
+			if !s.ready.Load() {
 				s.onEarly(sig)
 				continue
 			}
@@ -129,11 +125,7 @@ func catchStop(onEarly func(os.Signal)) *Stop {
 }
 
 // Ready hands later signals to Wait instead of ending the process.
-func (s *Stop) Ready() {
-	s.mu.Lock()
-	s.ready = true
-	s.mu.Unlock()
-}
+func (s *Stop) Ready() { s.ready.Store(true) }
 
 // Release stops catching the signals.
 func (s *Stop) Release() {

@@ -154,16 +154,16 @@ const (
 )
 
 type slot struct {
-	sh     *shard
-	off    int64 // absolute arena offset
-	n      int64 // slot bytes (padded)
-	length int   // value length
-	key    store.Key
-	dirty  int64 // write-back: when the value was acknowledged (Unix ns)
-	crc    uint32
-	hasCRC bool // write-back: crc is the value's CRC32C, taken on receive
-	state  uint8
-	pins   atomic.Int32
+	sh      *shard
+	off     int64 // absolute arena offset
+	n       int64 // slot bytes (padded)
+	length  int   // value length
+	key     store.Key
+	ackedAt int64 // write-back: when the value was acknowledged (Unix ns)
+	crc     uint32
+	hasCRC  bool // write-back: crc is the value's CRC32C, taken on receive
+	state   uint8
+	pins    atomic.Int32
 }
 
 type shard struct {

@@ -151,7 +151,7 @@ func (t *Tier) putBack(key store.Key, st *stripe, sh *shard, size int, fill func
 		t.wb.tombstones.Add(1)
 	}
 	s.pins.Add(1) // the flush queue's pin: the slot is not reused before its flusher is done
-	s.dirty = time.Now().UnixNano()
+	s.ackedAt = time.Now().UnixNano()
 	sh.publishDirty(s)
 	st.disk.Unlock()
 	t.unpin(s) // the owner's pin
@@ -239,7 +239,7 @@ func (t *Tier) flushDefer(now int64) time.Duration {
 	if w.putting.Load() == 0 && now-w.lastPut.Load() >= int64(putIdleGap) {
 		return 0
 	}
-	left := int64(t.cfg.FlushDefer) - (now - w.q[0].dirty)
+	left := int64(t.cfg.FlushDefer) - (now - w.q[0].ackedAt)
 	if left <= 0 {
 		return 0
 	}

@@ -155,10 +155,8 @@ func TestFaultPortDownRequesterAndRecovery(t *testing.T) {
 	if a.ctx.Info().Ports[0].State != verbs.PortDown {
 		t.Fatal("an open context does not see the port go down")
 	}
-	a.post(verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 4096)},
-		RemoteAddr: dst.Addr(), RKey: dst.RKey()},
-		verbs.SendWR{ID: 2, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 8)},
-			RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+	a.post(signaledWrite(1, src, dst, 4096),
+		signaledWrite(2, src, dst, 8))
 	expectWC(t, a.scq, 1, verbs.StatusRetryExcErr)
 	expectWC(t, a.scq, 2, verbs.StatusWRFlushErr)
 	if a.qp.State() != verbs.QPErr {
@@ -176,8 +174,7 @@ func TestFaultPortDownRequesterAndRecovery(t *testing.T) {
 	connectPair(t, a2, b2)
 	src2, dst2 := a2.reg(4096, verbs.AccessLocalWrite), b2.reg(4096, allRemote)
 	fill(src2.Bytes(), 4)
-	a2.post(verbs.SendWR{ID: 3, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src2, 0, 4096)},
-		RemoteAddr: dst2.Addr(), RKey: dst2.RKey()})
+	a2.post(signaledWrite(3, src2, dst2, 4096))
 	expectWC(t, a2.scq, 3, verbs.StatusSuccess)
 	if !bytes.Equal(src2.Bytes(), dst2.Bytes()) {
 		t.Fatal("bytes differ after recovery")
@@ -189,12 +186,10 @@ func TestFaultPortDownResponder(t *testing.T) {
 	src := a.reg(64, verbs.AccessLocalWrite)
 	dst := b.reg(64, allRemote)
 	// One WRITE first, so that the stream exists before the responder's port goes down.
-	a.post(verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 8)},
-		RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+	a.post(signaledWrite(1, src, dst, 8))
 	expectWC(t, a.scq, 1, verbs.StatusSuccess)
 	set("soft1 port down\n")
-	a.post(verbs.SendWR{ID: 2, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 8)},
-		RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+	a.post(signaledWrite(2, src, dst, 8))
 	expectWC(t, a.scq, 2, verbs.StatusRetryExcErr)
 	if b.qp.State() != verbs.QPErr {
 		t.Fatalf("responder qp %s", b.qp.State())
@@ -207,8 +202,7 @@ func TestFaultCompletionErrors(t *testing.T) {
 	dst := b.reg(64, allRemote)
 	fill(src.Bytes(), 5)
 	set("soft0 comp_err 1 10\n")
-	a.post(verbs.SendWR{ID: 7, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 64)},
-		RemoteAddr: dst.Addr(), RKey: dst.RKey()},
+	a.post(signaledWrite(7, src, dst, 64),
 		verbs.SendWR{ID: 8, Opcode: verbs.OpWrite, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 64)}, RemoteAddr: dst.Addr(), RKey: dst.RKey()})
 	expectWC(t, a.scq, 7, verbs.StatusRemAccessErr)
 	expectWC(t, a.scq, 8, verbs.StatusWRFlushErr)
@@ -220,8 +214,7 @@ func TestFaultCompletionErrors(t *testing.T) {
 	connectPair(t, a2, b2)
 	src2, dst2 := a2.reg(64, verbs.AccessLocalWrite), b2.reg(64, allRemote)
 	fill(src2.Bytes(), 6)
-	a2.post(verbs.SendWR{ID: 9, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src2, 0, 64)},
-		RemoteAddr: dst2.Addr(), RKey: dst2.RKey()})
+	a2.post(signaledWrite(9, src2, dst2, 64))
 	expectWC(t, a2.scq, 9, verbs.StatusSuccess)
 	if !bytes.Equal(src2.Bytes(), dst2.Bytes()) {
 		t.Fatal("bytes differ")
@@ -236,8 +229,7 @@ func TestFaultCompletionErrorAfter(t *testing.T) {
 	fill(src.Bytes(), 3)
 	set("soft0 comp_err 1 after 2\n")
 	for id := uint64(1); id <= 3; id++ {
-		a.post(verbs.SendWR{ID: id, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 64)},
-			RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+		a.post(signaledWrite(id, src, dst, 64))
 		want := verbs.StatusSuccess
 		if id == 3 {
 			want = verbs.StatusRetryExcErr
@@ -267,8 +259,7 @@ func TestFaultDelayedCompletion(t *testing.T) {
 	}
 	set("")
 	start = time.Now()
-	a.post(verbs.SendWR{ID: 2, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 64)},
-		RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+	a.post(signaledWrite(2, src, dst, 64))
 	expectWC(t, a.scq, 2, verbs.StatusSuccess)
 }
 
@@ -281,8 +272,7 @@ func TestFaultStaleCompletion(t *testing.T) {
 	dst := b.reg(64, allRemote)
 	set("soft0 stale_wc 1\n")
 	write := func(n *node, id uint64, src, dst verbs.MR) {
-		n.post(verbs.SendWR{ID: id, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, 8)},
-			RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+		n.post(signaledWrite(id, src, dst, 8))
 	}
 	write(a, 0x1_00000003, src, dst) // no other QP completed yet: nothing injected
 	expectWC(t, a.scq, 0x1_00000003, verbs.StatusSuccess)
@@ -365,4 +355,10 @@ func TestParseNUMANodes(t *testing.T) {
 			t.Errorf("%s: node %d, want %d", infos[i].Name, infos[i].NUMANode, want)
 		}
 	}
+}
+
+// signaledWrite is a signaled RDMA WRITE of src[:n] to dst.
+func signaledWrite(id uint64, src, dst verbs.MR, n int) verbs.SendWR {
+	return verbs.SendWR{ID: id, Opcode: verbs.OpWrite, Flags: verbs.SendSignaled, SGL: []verbs.SGE{verbs.SGEOf(src, 0, n)},
+		RemoteAddr: dst.Addr(), RKey: dst.RKey()}
 }
