@@ -137,6 +137,7 @@ CI=true go test -tags ops -count=1 -v -timeout 5m ./go/e2e/ops/
 
 if [ $quick = 0 ]; then
   step "fuzz every decoder briefly"
+  inputs() { if [ -d "$corpus" ]; then ls "$corpus" | sort; fi; } # the target's corpus files
   for pkg in $(go list ./go/...); do
     dir=$(go list -f '{{.Dir}}' "$pkg")
     for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //'); do
@@ -150,12 +151,12 @@ if [ $quick = 0 ]; then
       log=$(mktemp)
       corpus="$dir/testdata/fuzz/$target"
       for attempt in 1 2; do
-        before=$(ls "$corpus" 2>/dev/null | sort)
+        before=$(inputs)
         if go test -run '^$' -fuzz "^${target}\$" -fuzztime "${DFKV_FUZZTIME:-200000x}" "$pkg" >"$log" 2>&1; then
           tail -1 "$log"; break
         fi
         grep -v '^fuzz: elapsed' "$log" | tail -40
-        new=$(comm -13 <(echo "$before") <(ls "$corpus" 2>/dev/null | sort) | grep . || true)
+        new=$(comm -13 <(echo "$before") <(inputs) | grep . || true)
         if [ -n "$new" ] && [ $attempt = 1 ] && [ "$(echo "$new" | wc -l)" = 1 ] &&
            timeout 120 go test -count=1 -v -run "^${target}\$/^${new}\$" "$pkg" 2>&1 | grep -- "--- PASS: ${target}/${new} " >/dev/null; then
           echo "tools/test.sh: $target's input $new passes when run again: the fuzz engine failed, not the target; dropping it, running the target once more"
