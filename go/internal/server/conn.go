@@ -67,6 +67,7 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
+	nc = newRawConn(nc)
 	c := &conn{s: s, nc: nc, br: bufio.NewReaderSize(nc, readBufSize), out: make([]byte, 0, outFlushAt+wire.ResponseSize+inlinePayload), first: true}
 	if s.cfg.Auth != nil {
 		c.sess = s.cfg.Auth.NewSession()
@@ -680,8 +681,13 @@ func (c *conn) sendPayload(p []byte) error {
 	}
 	c.armWrite()
 	c.bufs = append(c.bufs[:0], c.out, p)
-	bufs := c.bufs
-	_, err := bufs.WriteTo(c.nc)
+	var err error
+	if w, ok := c.nc.(buffersWriter); ok {
+		_, err = w.writeBuffers(c.bufs)
+	} else {
+		bufs := c.bufs
+		_, err = bufs.WriteTo(c.nc)
+	}
 	c.bufs[0], c.bufs[1] = nil, nil // do not keep the engine's buffer reachable
 	c.out = c.out[:0]
 	if err != nil {
@@ -723,4 +729,10 @@ func (c *conn) flush() error {
 		return errConn{err}
 	}
 	return nil
+}
+
+// buffersWriter is a connection that gathers segments into one system call itself
+// (rawConn); net.Buffers.WriteTo only does that for the net package's own types.
+type buffersWriter interface {
+	writeBuffers(segs [][]byte) (int64, error)
 }

@@ -10,8 +10,19 @@ import (
 )
 
 // SocketBuffer is the SO_SNDBUF/SO_RCVBUF asked for on data connections. Large values move
-// faster with a few MiB in flight; the kernel clamps to its configured maximum.
+// faster with a few MiB in flight.
 const SocketBuffer = 4 << 20
+
+// Setting SO_RCVBUF or SO_SNDBUF turns the kernel's autotuning of that buffer off, and the
+// kernel clamps the request to net.core.rmem_max / wmem_max: 212992 bytes on a stock Linux,
+// which would pin a data connection at ~416 KiB where autotuning grows it to tcp_rmem's
+// maximum (6 MiB or more). So the buffer is fixed only where the maximum lets all of
+// SocketBuffer through; elsewhere the kernel's autotuning is left in charge.
+var fixRead, fixWrite = fixedBuffers()
+
+// fixBuffer reports whether a socket buffer should be set to SocketBuffer, given the
+// system's maximum for it (-1: unknown).
+func fixBuffer(sysMax int64) bool { return sysMax >= SocketBuffer }
 
 // Listen opens a TCP listener on addr.
 func Listen(addr string) (transport.Listener, error) {
@@ -37,8 +48,12 @@ func tune(c *net.TCPConn) {
 	_ = c.SetNoDelay(true)
 	_ = c.SetKeepAlive(true)
 	_ = c.SetKeepAlivePeriod(30 * time.Second)
-	_ = c.SetReadBuffer(SocketBuffer)
-	_ = c.SetWriteBuffer(SocketBuffer)
+	if fixRead {
+		_ = c.SetReadBuffer(SocketBuffer)
+	}
+	if fixWrite {
+		_ = c.SetWriteBuffer(SocketBuffer)
+	}
 }
 
 // Dialer dials TCP connections.

@@ -85,3 +85,20 @@ func TestErrors(t *testing.T) {
 		t.Fatalf("dial with a cancelled context = %v", err)
 	}
 }
+
+func TestFixBuffer(t *testing.T) {
+	for _, tc := range []struct {
+		max  int64
+		want bool
+	}{
+		{-1, false},     // unknown: leave autotuning on
+		{212992, false}, // stock Linux: the request would be clamped to ~416 KiB
+		{SocketBuffer - 1, false},
+		{SocketBuffer, true},
+		{64 << 20, true},
+	} {
+		if got := fixBuffer(tc.max); got != tc.want {
+			t.Errorf("fixBuffer(%d) = %v, want %v", tc.max, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,172 @@
+package server
+
+import (
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// rawConn serves a plaintext TCP connection with non-blocking reads and writes issued as
+// raw system calls, waiting on the netpoller (through syscall.RawConn) only when the socket
+// is not ready.
+//
+// Why: net.Conn's Read and Write go through syscall.Syscall, whose entersyscall wakes the
+// runtime's sysmon thread whenever it sleeps, and sysmon sleeps whenever every P went idle:
+// between two requests of a client that waits for each reply. On a small GET that was an
+// extra futex wake-up, thread switch and CPU migration per request, about 30 % of the
+// server's CPU per 4 KiB GET (docs/BENCHMARKS.md, issue 17). A non-blocking socket call
+// never blocks, so it does not need entersyscall: the P it runs on stays busy for the few
+// microseconds the copy takes, as for any other Go code. Deadlines, Close waking a blocked
+// reader and the error values are those of net.Conn (RawConn.Read/Write honour them).
+type rawConn struct {
+	*net.TCPConn
+	rc syscall.RawConn
+
+	// State of the call in progress, read by the prebuilt callbacks (no closure per call).
+	// Reads and writes may run at once (the reader and a PUT's reply), so each has its own.
+	rbuf  []byte
+	rn    int
+	rerr  error
+	wiov  []unix.Iovec
+	wleft int
+	wn    int64
+	werr  error
+	readF func(fd uintptr) bool
+	wrF   func(fd uintptr) bool
+}
+
+// newRawConn wraps nc when it is a plain TCP connection; otherwise it returns nc.
+func newRawConn(nc net.Conn) net.Conn {
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		return nc
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nc
+	}
+	c := &rawConn{TCPConn: tc, rc: rc}
+	c.readF = c.readOnce
+	c.wrF = c.writeOnce
+	return c
+}
+
+func (c *rawConn) readOnce(fd uintptr) bool {
+	for {
+		n, _, e := syscall.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
+		switch e {
+		case 0:
+			c.rn, c.rerr = int(n), nil
+			return true
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		default:
+			c.rn, c.rerr = 0, e
+			return true
+		}
+	}
+}
+
+// Read is one read of what has arrived, waiting for data if there is none.
+func (c *rawConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.rbuf = p
+	err := c.rc.Read(c.readF)
+	c.rbuf = nil
+	if err != nil {
+		return 0, renameOp(err, "read") // closed, or past the deadline (Timeout)
+	}
+	if c.rerr != nil {
+		return 0, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(),
+			Err: os.NewSyscallError("read", c.rerr)}
+	}
+	if c.rn == 0 {
+		return 0, io.EOF
+	}
+	return c.rn, nil
+}
+
+func (c *rawConn) writeOnce(fd uintptr) bool {
+	for c.wleft > 0 {
+		iov := c.wiov
+		msg := unix.Msghdr{Iov: &iov[0]}
+		msg.SetIovlen(min(len(iov), 1024)) // IOV_MAX
+		n, _, e := syscall.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&msg)), unix.MSG_NOSIGNAL)
+		switch e {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		default:
+			c.werr = e
+			return true
+		}
+		c.wn += int64(n)
+		c.wleft -= int(n)
+		for n > 0 {
+			if uint64(n) >= c.wiov[0].Len {
+				n -= uintptr(c.wiov[0].Len)
+				c.wiov = c.wiov[1:]
+				continue
+			}
+			c.wiov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(c.wiov[0].Base), n))
+			c.wiov[0].Len -= uint64(n)
+			n = 0
+		}
+	}
+	return true
+}
+
+// writeBuffers sends every segment in order, gathered (sendmsg), waiting for room as needed.
+func (c *rawConn) writeBuffers(segs [][]byte) (int64, error) {
+	iov := c.wiov[:0]
+	total := 0
+	for _, s := range segs {
+		if len(s) > 0 {
+			v := unix.Iovec{Base: &s[0]}
+			v.SetLen(len(s))
+			iov = append(iov, v)
+			total += len(s)
+		}
+	}
+	if total == 0 {
+		return 0, nil
+	}
+	keep := iov
+	c.wiov, c.wleft, c.wn, c.werr = iov, total, 0, nil
+	err := c.rc.Write(c.wrF)
+	clear(keep) // do not keep the caller's memory reachable
+	c.wiov = keep[:0]
+	if err != nil {
+		return c.wn, renameOp(err, "write") // closed, or past the deadline (Timeout)
+	}
+	if c.werr != nil {
+		return c.wn, &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(),
+			Err: os.NewSyscallError("sendmsg", c.werr)}
+	}
+	return c.wn, nil
+}
+
+func (c *rawConn) Write(p []byte) (int, error) {
+	var one [1][]byte
+	one[0] = p
+	n, err := c.writeBuffers(one[:])
+	return int(n), err
+}
+
+// renameOp names a RawConn failure ("raw-read") after the operation the caller asked for.
+func renameOp(err error, op string) error {
+	if oe, ok := err.(*net.OpError); ok {
+		oe.Op = op
+	}
+	return err
+}
