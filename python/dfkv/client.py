@@ -17,8 +17,10 @@ new client there instead.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import numbers
 import os
+import sys
 import threading
 from collections.abc import Mapping
 from ctypes import addressof, byref, c_int, c_ubyte, c_uint32, c_uint64, c_void_p
@@ -44,6 +46,25 @@ _U64P = ctypes.POINTER(c_uint64)
 # on every call: cheaper than os.getpid(), which is a system call each time (glibc keeps no
 # pid cache), and this check sits on every call's path.
 _fork_generation = 0
+
+
+class _LockedCounter:
+    """itertools.count's next() where there is no GIL to make it atomic."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._l = threading.Lock()
+
+    def __next__(self) -> int:
+        with self._l:
+            n = self._n
+            self._n += 1
+            return n
+
+
+# The in-flight counters of Client (see Client.__init__): itertools.count under the GIL,
+# a locked counter on a free-threaded interpreter.
+_counter = itertools.count if getattr(sys, "_is_gil_enabled", lambda: True)() else _LockedCounter
 
 
 def _after_fork_in_child() -> None:
@@ -247,9 +268,15 @@ class Client:
         self._h: Optional[int] = None  # set last, so __del__ of a half-built client is a no-op
         # A plain Lock on the per-call path (a Condition's context manager is Python code);
         # the Condition over the same lock is only for close() waiting on calls in flight.
+        # Calls in flight are counted without a lock: two itertools.count objects, calls
+        # started and calls ended, each advanced by one next() (a C call, atomic under the
+        # GIL). That is ~0.5 us less per call than a Lock taken twice (docs/BENCHMARKS.md,
+        # issue 17). close() reads both (advancing each by one, which cancels out) under the
+        # Condition and waits until they agree.
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._inflight = 0
+        self._started = _counter()
+        self._ended = _counter()
         self._registered: Dict[Tuple[int, int], List[Pins]] = {}  # (address, size) -> pins
         self._namespace = _namespace_bytes(namespace)
         opts, keep = build_options(
@@ -317,7 +344,14 @@ class Client:
             h, self._h = self._h, None
             if h is None:
                 return
-            while self._inflight:
+            # A call that read the handle counted itself started first (see _acquire), so
+            # every call that can still reach the library is in the started count now. Ends
+            # are read before starts: a call that slips in between can only make the two
+            # differ (and its _release wakes us), never hide a call still in flight.
+            while True:
+                ended = next(self._ended)
+                if next(self._started) == ended:
+                    break
                 self._cv.wait()
         self._lib.dfkv_close(h)
         for pins in self._registered.values():
@@ -331,17 +365,17 @@ class Client:
                 f"this client was opened in process {self._pid}, before fork(); open a new "
                 "client in the child"
             )
-        with self._lock:
-            h = self._h
-            if h is None:
-                raise DfkvError("client is closed")
-            self._inflight += 1
-            return h
+        next(self._started)  # before reading the handle: close() relies on the order
+        h = self._h
+        if h is None:
+            self._release()
+            raise DfkvError("client is closed")
+        return h
 
     def _release(self) -> None:
-        with self._lock:
-            self._inflight -= 1
-            if not self._inflight and self._h is None:
+        next(self._ended)
+        if self._h is None:  # close() may be waiting for this call
+            with self._cv:
                 self._cv.notify_all()
 
     def _pins(self) -> Pins:

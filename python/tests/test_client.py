@@ -435,6 +435,52 @@ def test_close_waits_for_calls_in_flight(members, namespace):
     assert seen.count("closed") == 4
 
 
+@pytest.mark.parametrize("counter", ["gil", "locked"])
+def test_close_returns_only_after_calls_in_flight_end(members, namespace, counter, monkeypatch):
+    """close() waits for a call inside the library, whichever in-flight counter is in use:
+    the library's dfkv_get is swapped for a Python stand-in that blocks until released, and
+    the order of its end and of dfkv_close is recorded."""
+    import types
+
+    from dfkv import client as client_mod
+
+    if counter == "locked":
+        monkeypatch.setattr(client_mod, "_counter", client_mod._LockedCounter)
+    c = Client(members, namespace=namespace)
+    real, h = c._lib, c._h
+    entered, release, order = threading.Event(), threading.Event(), []
+
+    def blocking_get(*args):
+        entered.set()
+        assert release.wait(30)
+        order.append("get ended")
+        return 0
+
+    c._lib = types.SimpleNamespace(dfkv_get=blocking_get, dfkv_close=lambda h: order.append("closed"))
+    try:
+        caller = threading.Thread(target=c.get_into, args=(b"k", bytearray(8)))
+        caller.start()
+        assert entered.wait(30)
+        closer = threading.Thread(target=c.close)
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive(), "close() returned while a call was inside the library"
+        assert order == []
+        release.set()
+        caller.join(30)
+        closer.join(30)
+        assert not closer.is_alive()
+        assert order == ["get ended", "closed"]
+        with pytest.raises(DfkvError, match="closed"):
+            c.get_into(b"k", bytearray(8))
+        # Calls refused after close() count as started and ended: a second close() is a no-op.
+        c.close()
+        assert order == ["get ended", "closed"]
+    finally:
+        release.set()
+        real.dfkv_close(h)
+
+
 def test_dead_node_is_a_fast_miss(lib, namespace):
     import socket
 
