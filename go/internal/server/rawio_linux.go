@@ -73,10 +73,18 @@ func (c *rawConn) readOnce(fd uintptr) bool {
 	}
 }
 
-// Read is one read of what has arrived, waiting for data if there is none.
+// Read is one read of what has arrived, waiting for data if there is none. A read larger
+// than the connection's reader buffer is a bulk payload read straight into its destination
+// (a PUT's value): that one takes net.Conn's path. Made raw, write-back PUTs sustained only
+// 0.72-0.83x the rate (docs/BENCHMARKS.md, issue 17); the likely cause is that a payload's
+// reads then never give the scheduler a system call at which to hand the P to the
+// flushers, whose disk writes set that rate.
 func (c *rawConn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if len(p) > readBufSize {
+		return c.TCPConn.Read(p)
 	}
 	c.rbuf = p
 	err := c.rc.Read(c.readF)
