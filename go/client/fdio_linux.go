@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dfkv/dfkv/go/internal/iovec"
 )
 
 // fdConn is a connection whose I/O is blocking system calls on the calling thread (see
@@ -168,22 +170,14 @@ func (f *fdConn) writev(segs [][]byte) error {
 }
 
 func (f *fdConn) vectored(segs [][]byte, trap, flags uintptr) error {
-	f.iov = f.iov[:0]
-	for _, s := range segs {
-		if len(s) > 0 {
-			v := unix.Iovec{Base: &s[0]}
-			v.SetLen(len(s))
-			f.iov = append(f.iov, v)
-		}
-	}
+	f.iov, _ = iovec.Append(f.iov[:0], segs)
 	defer clear(f.iov) // do not keep caller memory reachable
 	iov := f.iov
 	for len(iov) > 0 {
 		if err := f.arm(); err != nil {
 			return err
 		}
-		msg := unix.Msghdr{Iov: &iov[0]}
-		msg.SetIovlen(min(len(iov), 1024)) // IOV_MAX
+		msg := iovec.Msghdr(iov)
 		n, _, e := syscall.Syscall(trap, uintptr(f.fd), uintptr(unsafe.Pointer(&msg)), flags)
 		if e != 0 {
 			if again, err := f.retry(e); !again {
@@ -194,17 +188,7 @@ func (f *fdConn) vectored(segs [][]byte, trap, flags uintptr) error {
 		if n == 0 && trap == unix.SYS_RECVMSG {
 			return io.ErrUnexpectedEOF
 		}
-		// Skip what was transferred.
-		for n > 0 {
-			if uint64(n) >= iov[0].Len {
-				n -= uintptr(iov[0].Len)
-				iov = iov[1:]
-				continue
-			}
-			iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iov[0].Base), n))
-			iov[0].Len -= uint64(n)
-			n = 0
-		}
+		iov = iovec.Advance(iov, int(n))
 	}
 	return nil
 }

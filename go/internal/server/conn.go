@@ -65,7 +65,7 @@ type conn struct {
 
 	pipe pipeline // PUTs whose device write is in flight (pipeline.go)
 
-	gq    getQuery           // the GET in progress (see onGet)
+	gq    getQuery           // the GET in progress (see serveGet)
 	onGet func([]byte) error // c.serveGet, bound once
 }
 

@@ -8,17 +8,19 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dfkv/dfkv/go/internal/iovec"
 )
 
-// rawConn serves a plaintext TCP connection with non-blocking reads and writes issued as
-// raw system calls, waiting on the netpoller (through syscall.RawConn) only when the socket
+// rawConn serves a plaintext TCP connection with non-blocking reads (up to the reader
+// buffer's size; see Read) and writes issued as raw system calls, waiting on the netpoller (through syscall.RawConn) only when the socket
 // is not ready.
 //
 // Why: net.Conn's Read and Write go through syscall.Syscall, whose entersyscall wakes the
 // runtime's sysmon thread whenever it sleeps, and sysmon sleeps whenever every P went idle:
 // between two requests of a client that waits for each reply. On a small GET that was an
-// extra futex wake-up, thread switch and CPU migration per request, about 30 % of the
-// server's CPU per 4 KiB GET (docs/BENCHMARKS.md, issue 17). A non-blocking socket call
+// extra futex wake-up, thread switch and CPU migration per request, about a quarter of
+// the server's CPU per 4 KiB GET (docs/BENCHMARKS.md, issue 17). A non-blocking socket call
 // never blocks, so it does not need entersyscall: the P it runs on stays busy for the few
 // microseconds the copy takes, as for any other Go code. Deadlines, Close waking a blocked
 // reader and the error values are those of net.Conn (RawConn.Read/Write honour them).
@@ -32,7 +34,6 @@ type rawConn struct {
 	rn    int
 	rerr  error
 	wiov  []unix.Iovec
-	wleft int
 	wn    int64
 	werr  error
 	readF func(fd uintptr) bool
@@ -103,10 +104,8 @@ func (c *rawConn) Read(p []byte) (int, error) {
 }
 
 func (c *rawConn) writeOnce(fd uintptr) bool {
-	for c.wleft > 0 {
-		iov := c.wiov
-		msg := unix.Msghdr{Iov: &iov[0]}
-		msg.SetIovlen(min(len(iov), 1024)) // IOV_MAX
+	for len(c.wiov) > 0 { // Append leaves no empty entry, Advance drops finished ones
+		msg := iovec.Msghdr(c.wiov)
 		n, _, e := syscall.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&msg)), unix.MSG_NOSIGNAL)
 		switch e {
 		case 0:
@@ -119,41 +118,21 @@ func (c *rawConn) writeOnce(fd uintptr) bool {
 			return true
 		}
 		c.wn += int64(n)
-		c.wleft -= int(n)
-		for n > 0 {
-			if uint64(n) >= c.wiov[0].Len {
-				n -= uintptr(c.wiov[0].Len)
-				c.wiov = c.wiov[1:]
-				continue
-			}
-			c.wiov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(c.wiov[0].Base), n))
-			c.wiov[0].Len -= uint64(n)
-			n = 0
-		}
+		c.wiov = iovec.Advance(c.wiov, int(n))
 	}
 	return true
 }
 
 // writeBuffers sends every segment in order, gathered (sendmsg), waiting for room as needed.
 func (c *rawConn) writeBuffers(segs [][]byte) (int64, error) {
-	iov := c.wiov[:0]
-	total := 0
-	for _, s := range segs {
-		if len(s) > 0 {
-			v := unix.Iovec{Base: &s[0]}
-			v.SetLen(len(s))
-			iov = append(iov, v)
-			total += len(s)
-		}
-	}
+	iov, total := iovec.Append(c.wiov[:0], segs)
 	if total == 0 {
 		return 0, nil
 	}
-	keep := iov
-	c.wiov, c.wleft, c.wn, c.werr = iov, total, 0, nil
+	c.wiov, c.wn, c.werr = iov, 0, nil
 	err := c.rc.Write(c.wrF)
-	clear(keep) // do not keep the caller's memory reachable
-	c.wiov = keep[:0]
+	clear(iov) // do not keep the caller's memory reachable
+	c.wiov = iov[:0]
 	if err != nil {
 		return c.wn, renameOp(err, "write") // closed, or past the deadline (Timeout)
 	}

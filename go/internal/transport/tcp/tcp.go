@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/transport"
@@ -17,8 +18,9 @@ const SocketBuffer = 4 << 20
 // kernel clamps the request to net.core.rmem_max / wmem_max: 212992 bytes on a stock Linux,
 // which would pin a data connection at ~416 KiB where autotuning grows it to tcp_rmem's
 // maximum (6 MiB or more). So the buffer is fixed only where the maximum lets all of
-// SocketBuffer through; elsewhere the kernel's autotuning is left in charge.
-var fixRead, fixWrite = fixedBuffers()
+// SocketBuffer through; elsewhere the kernel's autotuning is left in charge. Read on the
+// first connection, not at start-up.
+var bufferPolicy = sync.OnceValues(fixedBuffers)
 
 // fixBuffer reports whether a socket buffer should be set to SocketBuffer, given the
 // system's maximum for it (-1: unknown).
@@ -48,6 +50,7 @@ func tune(c *net.TCPConn) {
 	_ = c.SetNoDelay(true)
 	_ = c.SetKeepAlive(true)
 	_ = c.SetKeepAlivePeriod(30 * time.Second)
+	fixRead, fixWrite := bufferPolicy()
 	if fixRead {
 		_ = c.SetReadBuffer(SocketBuffer)
 	}
