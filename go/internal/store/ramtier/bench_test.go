@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/store/slab"
 	"github.com/dfkv/dfkv/go/internal/vfs"
@@ -56,7 +54,7 @@ func runParallel(b *testing.B, op func(w, i int) error) {
 func sinks(b *testing.B) [][]byte {
 	s := make([][]byte, benchWorkers)
 	for i := range s {
-		m, err := unix.Mmap(-1, 0, benchSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|mapPopulate)
+		m, err := mapArena(benchSize, false)
 		if err != nil {
 			b.Fatal(err)
 		}

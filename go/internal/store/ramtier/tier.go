@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/store/coalesce"
 )
@@ -243,8 +241,7 @@ func New(backing store.Engine, cfg Config) (*Tier, error) {
 		cfg.MaxValueBytes = shardBytes
 	}
 	total := shardBytes * int64(cfg.Shards)
-	arena, err := unix.Mmap(-1, 0, int(total), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|mapPopulate)
+	arena, err := mapArena(int(total), true)
 	if err != nil {
 		return nil, fmt.Errorf("ramtier: allocate a %d-byte arena: %w", total, err)
 	}
@@ -644,7 +641,7 @@ func (t *Tier) Close() error {
 	if !drained {
 		return err // a flusher may still read the arena: leave it mapped (the process is exiting)
 	}
-	if uerr := unix.Munmap(t.arena); uerr != nil && err == nil {
+	if uerr := unmapArena(t.arena); uerr != nil && err == nil {
 		err = fmt.Errorf("ramtier: unmap arena: %w", uerr)
 	}
 	return err
