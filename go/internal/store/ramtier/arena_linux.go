@@ -1,6 +1,7 @@
 package ramtier
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -51,20 +52,30 @@ func mapArena(n int, huge bool) ([]byte, error) {
 		// EINVAL: a kernel built without THP. The arena works on small pages.
 		_ = unix.Madvise(arena, unix.MADV_HUGEPAGE)
 	}
-	populate(arena)
+	if err := populate(arena); err != nil {
+		_ = unmapArena(arena)
+		return nil, fmt.Errorf("ramtier: fault in a %d-byte arena: %w", n, err)
+	}
 	return arena, nil
 }
 
+// madvisePopulate is MADV_POPULATE_WRITE (a seam for tests).
+var madvisePopulate = func(b []byte) error { return unix.Madvise(b, unix.MADV_POPULATE_WRITE) }
+
 // populate faults every page of b in (writable): MADV_POPULATE_WRITE, or on kernels
-// before 5.14, which lack it, a write to each page.
-func populate(b []byte) {
-	if err := unix.Madvise(b, unix.MADV_POPULATE_WRITE); err == nil {
-		return
+// before 5.14, which reject it with EINVAL, a write to each page. Any other failure (no
+// memory for the arena) is the caller's error: better refused at start than a server that
+// dies of it under load.
+func populate(b []byte) error {
+	err := madvisePopulate(b)
+	if !errors.Is(err, unix.EINVAL) {
+		return err
 	}
 	pg := os.Getpagesize()
 	for i := 0; i < len(b); i += pg {
 		b[i] = 0
 	}
+	return nil
 }
 
 func unmapArena(b []byte) error {

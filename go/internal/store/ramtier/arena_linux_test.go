@@ -2,6 +2,7 @@ package ramtier
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -112,6 +113,39 @@ func TestMapArena(t *testing.T) {
 	}
 	if _, err := mapArena(0, true); err == nil {
 		t.Error("an empty arena was mapped")
+	}
+}
+
+// TestMapArenaPopulateFallbacks covers the kernels without MADV_POPULATE_WRITE (EINVAL:
+// every page is written instead) and a populate that fails for want of memory (the
+// mapping is refused, with the cause, and not left behind).
+func TestMapArenaPopulateFallbacks(t *testing.T) {
+	orig := madvisePopulate
+	t.Cleanup(func() { madvisePopulate = orig })
+	const n = 4 << 20
+
+	madvisePopulate = func([]byte) error { return unix.EINVAL }
+	b, err := mapArena(n, true)
+	if err != nil {
+		t.Fatalf("EINVAL from MADV_POPULATE_WRITE: %v", err)
+	}
+	if in, all := resident(t, b); in != all {
+		t.Errorf("fallback left %d of %d pages out", all-in, all)
+	}
+	if err := unmapArena(b); err != nil {
+		t.Fatal(err)
+	}
+
+	var seen []byte
+	madvisePopulate = func(b []byte) error { seen = b; return unix.ENOMEM }
+	b, err = mapArena(n, true)
+	if !errors.Is(err, unix.ENOMEM) || b != nil {
+		t.Fatalf("ENOMEM from MADV_POPULATE_WRITE: got (%d bytes, %v), want the error", len(b), err)
+	}
+	// The refused range is unmapped: mincore on it fails with ENOMEM.
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(unsafe.SliceData(seen))), uintptr(len(seen)),
+		uintptr(unsafe.Pointer(&make([]byte, len(seen)/os.Getpagesize())[0]))); e != unix.ENOMEM {
+		t.Errorf("mincore on the refused arena: %v, want ENOMEM (still mapped)", e)
 	}
 }
 
