@@ -23,7 +23,7 @@ import (
 // no huge page is free, the kernel backs the range with 4 KiB pages as before.
 func mapArena(n int, huge bool) ([]byte, error) {
 	if n <= 0 {
-		return nil, fmt.Errorf("ramtier: arena of %d bytes", n)
+		return nil, fmt.Errorf("%d bytes", n)
 	}
 	align := uintptr(0)
 	if huge {
@@ -54,7 +54,7 @@ func mapArena(n int, huge bool) ([]byte, error) {
 	}
 	if err := populate(arena); err != nil {
 		_ = unmapArena(arena)
-		return nil, fmt.Errorf("ramtier: fault in a %d-byte arena: %w", n, err)
+		return nil, fmt.Errorf("fault in: %w", err)
 	}
 	return arena, nil
 }
