@@ -23,7 +23,7 @@ import (
 // no huge page is free, the kernel backs the range with 4 KiB pages as before.
 func mapArena(n int, huge bool) ([]byte, error) {
 	if n <= 0 {
-		return nil, fmt.Errorf("%d bytes", n)
+		return nil, fmt.Errorf("no arena of %d bytes", n)
 	}
 	align := uintptr(0)
 	if huge {
