@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dfkv/dfkv/go/internal/sysfs"
 )
 
 // mapArena maps n bytes of anonymous memory for an arena and faults it in, so that the
@@ -89,12 +89,8 @@ func unmapArena(b []byte) error {
 // arm64 kernels), 2 MiB when the kernel does not say.
 var hugePageSize = sync.OnceValue(func() uintptr {
 	const def = 2 << 20
-	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
-	if err != nil {
-		return def
-	}
-	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil || v == 0 || v&(v-1) != 0 || v > 1<<30 {
+	v, err := sysfs.Int("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+	if err != nil || v <= 0 || v&(v-1) != 0 || v > 1<<30 {
 		return def
 	}
 	return uintptr(v)

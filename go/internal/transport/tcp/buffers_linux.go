@@ -1,22 +1,15 @@
 package tcp
 
-import (
-	"os"
-	"strconv"
-	"strings"
-)
+import "github.com/dfkv/dfkv/go/internal/sysfs"
 
 // fixedBuffers reads net.core.rmem_max and wmem_max.
 func fixedBuffers() (read, write bool) {
-	return fixBuffer(sysctlInt("/proc/sys/net/core/rmem_max")), fixBuffer(sysctlInt("/proc/sys/net/core/wmem_max"))
+	return fixBuffer(sysMax("/proc/sys/net/core/rmem_max")), fixBuffer(sysMax("/proc/sys/net/core/wmem_max"))
 }
 
-func sysctlInt(path string) int64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return -1
-	}
-	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+// sysMax is the kernel's maximum in path, -1 when it cannot be read.
+func sysMax(path string) int64 {
+	v, err := sysfs.Int(path)
 	if err != nil {
 		return -1
 	}

@@ -41,7 +41,7 @@ func TestDialAppliesBufferPolicy(t *testing.T) {
 	if gerr != nil {
 		t.Fatal(gerr)
 	}
-	max := sysctlInt("/proc/sys/net/core/rmem_max")
+	max := sysMax("/proc/sys/net/core/rmem_max")
 	fixRead, _ := bufferPolicy()
 	if fixRead != fixBuffer(max) {
 		t.Fatalf("fixRead = %v with rmem_max %d", fixRead, max)
