@@ -2,8 +2,10 @@
 // against dfkv.h makes the compiler check the header's prototypes against the real entry
 // points. Handles are opaque integers from the Go handle table, never Go pointers.
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dfkv.h"
 #include "_cgo_export.h"
@@ -66,62 +68,128 @@ const char* dfkv_last_error(dfkv_client_t c) {
   return i < 0 ? "" : e->msg[i];
 }
 
+/* Caller threads and the Go scheduler (docs/BENCHMARKS.md, "C ABI, part 4"). A C thread that
+ * has called into Go keeps a Go P, in the system-call state, while it runs its own code
+ * between calls. Its calls never schedule a goroutine on that P, so once 10 ms pass sysmon
+ * takes the P back, and does so again at every later check: sysmon then polls every 20 us
+ * and Ps are handed around while the engine's threads call steadily. Two things stop that:
+ * a busy caller thread (calls less than BUSY_GAP apart) yields once every YIELD_EVERY, well
+ * inside the 10 ms, which schedules its goroutine anew on its P; and Go gets at least one P
+ * more than there are caller threads (cabi.CallerThreads), so no caller's P is needed
+ * elsewhere. A thread is counted at its first data call and uncounted when it exits. An
+ * occasional caller (longer gaps) is left as before: its P is idle long enough that sysmon
+ * takes it back whatever happens. */
+enum { YIELD_EVERY_NS = 6000000, BUSY_GAP_NS = 4000000 };
+struct caller {
+  long long last_call, last_yield;
+};
+static pthread_once_t caller_once = PTHREAD_ONCE_INIT;
+static pthread_key_t caller_key;
+static atomic_int caller_threads;
+static void caller_exit(void* p) {
+  atomic_fetch_sub(&caller_threads, 1);
+  free(p);
+}
+static void caller_make_key(void) { (void)pthread_key_create(&caller_key, caller_exit); }
+int dfkvc_caller_threads(void) { return atomic_load(&caller_threads); }
+
+static long long mono_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void caller_tick(void) {
+  pthread_once(&caller_once, caller_make_key);
+  struct caller* c = pthread_getspecific(caller_key);
+  long long now = mono_ns();
+  if (c == NULL) {
+    c = calloc(1, sizeof *c);
+    if (c == NULL) return; /* out of memory: this thread is simply not tracked */
+    if (pthread_setspecific(caller_key, c) != 0) {
+      free(c);
+      return;
+    }
+    c->last_call = c->last_yield = now;
+    dfkvgo_caller_threads(atomic_fetch_add(&caller_threads, 1) + 1);
+    return;
+  }
+  long long gap = now - c->last_call;
+  c->last_call = now;
+  if (gap < BUSY_GAP_NS && now - c->last_yield >= YIELD_EVERY_NS) {
+    c->last_yield = now;
+    dfkvgo_yield();
+  }
+}
+
 dfkv_client_t dfkv_open_v2(const dfkv_client_options_v2* o) {
   return (dfkv_client_t)dfkvgo_open_v2((dfkv_client_options_v2*)o);
 }
 void dfkv_close(dfkv_client_t c) { dfkvgo_close(H(c)); }
 
 int dfkv_put(dfkv_client_t c, const void* key, uint64_t key_len, const void* value, uint64_t n) {
+  caller_tick();
   return dfkvgo_put(H(c), (void*)key, key_len, (void*)value, n);
 }
 int dfkv_get(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint64_t n) {
+  caller_tick();
   return dfkvgo_get(H(c), (void*)key, key_len, buf, n);
 }
 int dfkv_get_auto(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint64_t cap,
                   uint64_t* out_len) {
+  caller_tick();
   return dfkvgo_get_auto(H(c), (void*)key, key_len, buf, cap, out_len);
 }
 int dfkv_exist(dfkv_client_t c, const void* key, uint64_t key_len) {
+  caller_tick();
   return dfkvgo_exist(H(c), (void*)key, key_len);
 }
 int dfkv_remove(dfkv_client_t c, const void* key, uint64_t key_len) {
+  caller_tick();
   return dfkvgo_remove(H(c), (void*)key, key_len);
 }
 
 int dfkv_batch_put(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
                    const void* const* values, const uint64_t* value_lens, int n, int* out_ok) {
+  caller_tick();
   return dfkvgo_batch_put(H(c), (void**)keys, (uint64_t*)key_lens, (void**)values,
                           (uint64_t*)value_lens, n, out_ok);
 }
 int dfkv_batch_get(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
                    void* const* bufs, const uint64_t* lens, int n, int* out_ok) {
+  caller_tick();
   return dfkvgo_batch_get(H(c), (void**)keys, (uint64_t*)key_lens, (void**)bufs, (uint64_t*)lens,
                           n, out_ok);
 }
 int dfkv_batch_get_auto(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
                         void* const* bufs, const uint64_t* caps, int n, int* out_ok,
                         uint64_t* out_lens) {
+  caller_tick();
   return dfkvgo_batch_get_auto(H(c), (void**)keys, (uint64_t*)key_lens, (void**)bufs,
                                (uint64_t*)caps, n, out_ok, out_lens);
 }
 int dfkv_batch_exist(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens, int n,
                      int* out_ok) {
+  caller_tick();
   return dfkvgo_batch_exist(H(c), (void**)keys, (uint64_t*)key_lens, n, out_ok);
 }
 int dfkv_batch_remove(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens, int n,
                       int* out_ok) {
+  caller_tick();
   return dfkvgo_batch_remove(H(c), (void**)keys, (uint64_t*)key_lens, n, out_ok);
 }
 
 int dfkv_batch_put_sg(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
                       const void* const* const* seg_ptrs, const uint64_t* const* seg_lens,
                       const uint32_t* seg_counts, int n, int* out_ok) {
+  caller_tick();
   return dfkvgo_batch_put_sg(H(c), (void**)keys, (uint64_t*)key_lens, (void***)seg_ptrs,
                              (uint64_t**)seg_lens, (uint32_t*)seg_counts, n, out_ok);
 }
 int dfkv_batch_get_auto_sg(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
                            void* const* const* seg_ptrs, const uint64_t* const* seg_lens,
                            const uint32_t* seg_counts, int n, int* out_ok, uint64_t* out_lens) {
+  caller_tick();
   return dfkvgo_batch_get_auto_sg(H(c), (void**)keys, (uint64_t*)key_lens, (void***)seg_ptrs,
                                   (uint64_t**)seg_lens, (uint32_t*)seg_counts, n, out_ok,
                                   out_lens);
@@ -142,6 +210,7 @@ const char* dfkv_version(void) { return dfkvgo_version(); }
 
 int dfkv_batch_exist_lease(dfkv_client_t c, const void* const* keys, const uint64_t* key_lens,
                            int n, uint32_t lease_ms, int* out_ok) {
+  caller_tick();
   return dfkvgo_batch_exist_lease(H(c), (void**)keys, (uint64_t*)key_lens, n, lease_ms, out_ok);
 }
 uint64_t dfkv_max_value_size(dfkv_client_t c) { return dfkvgo_max_value_size(H(c)); }

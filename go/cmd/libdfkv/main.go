@@ -16,6 +16,7 @@ package main
 #include <stdlib.h>
 #include "dfkv.h"
 void dfkvc_set_error(uintptr_t c, const char* msg, size_t n);
+int dfkvc_caller_threads(void);
 */
 import "C"
 
@@ -498,3 +499,13 @@ func dfkvgo_max_value_size(c C.uintptr_t) C.uint64_t {
 		return C.uint64_t(n), err
 	})
 }
+
+// dfkvgo_caller_threads and dfkvgo_yield serve dfkv_abi.c's caller tracking (see there).
+
+func init() { cabi.CallerCount = func() int { return int(C.dfkvc_caller_threads()) } }
+
+//export dfkvgo_caller_threads
+func dfkvgo_caller_threads(n C.int) { cabi.CallerThreads(int(n)) }
+
+//export dfkvgo_yield
+func dfkvgo_yield() { cabi.Yield() }

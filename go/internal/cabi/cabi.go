@@ -416,11 +416,12 @@ func (h *Handle) UnregisterMemory(base unsafe.Pointer, size uint64) (int, error)
 // TransportMode names the data transport.
 func (h *Handle) TransportMode() string { return h.c.TransportMode() }
 
-// StatsSnapshot renders the client's metrics (Prometheus text) and the library's count of
-// recovered panics.
+// StatsSnapshot renders the client's metrics (Prometheus text), the library's count of
+// recovered panics and its caller-thread figures.
 func (h *Handle) StatsSnapshot() []byte {
-	return fmt.Appendf(h.c.Snapshot(), "# HELP dfkv_cabi_panics_total Go panics the C ABI recovered into a failure return.\n"+
+	b := fmt.Appendf(h.c.Snapshot(), "# HELP dfkv_cabi_panics_total Go panics the C ABI recovered into a failure return.\n"+
 		"# TYPE dfkv_cabi_panics_total counter\ndfkv_cabi_panics_total %d\n", panics.Load())
+	return callerStats(b)
 }
 
 var (

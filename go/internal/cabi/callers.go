@@ -1,0 +1,66 @@
+package cabi
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// The C ABI's callers are foreign threads, and each keeps a Go P while it runs its own code
+// between calls. dfkv_abi.c counts them and makes each busy one yield now and then; this
+// side gives Go one P more than there are caller threads, and counts both for the stats
+// snapshot. docs/BENCHMARKS.md, "C ABI, part 4", has the measurements.
+
+// maxProcs bounds the GOMAXPROCS the caller count can ask for.
+const maxProcs = 256
+
+// CallerCount reports the live count of caller threads (set by the library's C side; nil in
+// tests of this package, where the stats show 0).
+var CallerCount func() int
+
+var (
+	yields  atomic.Uint64
+	procsMu sync.Mutex
+	// procsPinned: GOMAXPROCS was set in the environment; the library leaves it alone.
+	procsPinned = os.Getenv("GOMAXPROCS") != ""
+)
+
+// CallerThreads is told that n C threads have called in and not exited; it raises GOMAXPROCS
+// to n+1 when it is lower. It never lowers it: a pool of threads that comes and goes would
+// otherwise stop the world each time.
+func CallerThreads(n int) {
+	if procsPinned {
+		return
+	}
+	want := min(n+1, maxProcs)
+	procsMu.Lock()
+	defer procsMu.Unlock()
+	if runtime.GOMAXPROCS(0) < want {
+		runtime.GOMAXPROCS(want)
+	}
+}
+
+// Yield schedules the calling goroutine anew, which marks its P as recently scheduled, so
+// sysmon does not take it from the caller's thread (dfkv_abi.c calls it about every 4 ms
+// from a thread that calls steadily).
+func Yield() {
+	yields.Add(1)
+	runtime.Gosched()
+}
+
+// callerStats renders the gauges and counter of the caller tracking (Prometheus text).
+func callerStats(b []byte) []byte {
+	threads := 0
+	if CallerCount != nil {
+		threads = CallerCount()
+	}
+	return fmt.Appendf(b, "# HELP dfkv_cabi_caller_threads C threads that have called the library and not exited.\n"+
+		"# TYPE dfkv_cabi_caller_threads gauge\ndfkv_cabi_caller_threads %d\n"+
+		"# HELP dfkv_cabi_gomaxprocs The library's GOMAXPROCS (raised to caller threads + 1 unless set in the environment).\n"+
+		"# TYPE dfkv_cabi_gomaxprocs gauge\ndfkv_cabi_gomaxprocs %d\n"+
+		"# HELP dfkv_cabi_yields_total Yields of busy caller threads that keep their Go P from being taken back.\n"+
+		"# TYPE dfkv_cabi_yields_total counter\ndfkv_cabi_yields_total %d\n",
+		threads, runtime.GOMAXPROCS(0), yields.Load())
+}
