@@ -27,10 +27,12 @@ struct errs {
 };
 static pthread_once_t errs_once = PTHREAD_ONCE_INIT;
 static pthread_key_t errs_key;
-static void errs_make_key(void) { (void)pthread_key_create(&errs_key, free); }
+static int errs_key_ok; /* pthread_key_create succeeded (keys can run out) */
+static void errs_make_key(void) { errs_key_ok = pthread_key_create(&errs_key, free) == 0; }
 
 static struct errs* errs_get(int create) {
   pthread_once(&errs_once, errs_make_key);
+  if (!errs_key_ok) return NULL; /* no key: reasons are lost, calls still fail cleanly */
   struct errs* e = pthread_getspecific(errs_key);
   if (e == NULL && create) {
     e = calloc(1, sizeof *e);
@@ -70,27 +72,30 @@ const char* dfkv_last_error(dfkv_client_t c) {
 
 /* Caller threads and the Go scheduler (docs/BENCHMARKS.md, "C ABI, part 4"). A C thread that
  * has called into Go keeps a Go P, in the system-call state, while it runs its own code
- * between calls. Its calls never schedule a goroutine on that P, so once 10 ms pass sysmon
- * takes the P back, and does so again at every later check: sysmon then polls every 20 us
- * and Ps are handed around while the engine's threads call steadily. Two things stop that:
- * a busy caller thread (calls less than BUSY_GAP apart) yields once every YIELD_EVERY, well
- * inside the 10 ms, which schedules its goroutine anew on its P; and Go gets at least one P
- * more than there are caller threads (cabi.CallerThreads), so no caller's P is needed
- * elsewhere. A thread is counted at its first data call and uncounted when it exits. An
- * occasional caller (longer gaps) is left as before: its P is idle long enough that sysmon
- * takes it back whatever happens. */
+ * between calls, and its calls never schedule a goroutine on that P. Once 10 ms pass, sysmon
+ * takes such a P back, and again at every later check: it then polls every 20 us and hands
+ * Ps around for as long as the thread keeps calling. Two things stop that. A busy caller
+ * thread (calls less than BUSY_GAP apart) yields once every YIELD_EVERY, well inside the
+ * 10 ms, which schedules its goroutine anew on its P. And Go gets one P more than there are
+ * caller threads (cabi.CallerThreads), so that sysmon, seeing an idle P, leaves the callers'
+ * Ps alone. Where GOMAXPROCS is pinned below that (set in the environment, or the cap) the
+ * threads do not yield: sysmon would take the P back anyway, and a yield's two thread
+ * wake-ups would only add latency. A thread is counted from its first data call until it
+ * exits. */
 enum { YIELD_EVERY_NS = 6000000, BUSY_GAP_NS = 4000000 };
 struct caller {
   long long last_call, last_yield;
 };
 static pthread_once_t caller_once = PTHREAD_ONCE_INIT;
 static pthread_key_t caller_key;
+static int caller_key_ok; /* pthread_key_create succeeded (keys can run out) */
 static atomic_int caller_threads;
+static atomic_int go_procs = 1; /* GOMAXPROCS after the latest thread's first call */
 static void caller_exit(void* p) {
   atomic_fetch_sub(&caller_threads, 1);
   free(p);
 }
-static void caller_make_key(void) { (void)pthread_key_create(&caller_key, caller_exit); }
+static void caller_make_key(void) { caller_key_ok = pthread_key_create(&caller_key, caller_exit) == 0; }
 int dfkvc_caller_threads(void) { return atomic_load(&caller_threads); }
 
 static long long mono_ns(void) {
@@ -101,6 +106,7 @@ static long long mono_ns(void) {
 
 static void caller_tick(void) {
   pthread_once(&caller_once, caller_make_key);
+  if (!caller_key_ok) return; /* no key: callers go untracked and never yield */
   struct caller* c = pthread_getspecific(caller_key);
   long long now = mono_ns();
   if (c == NULL) {
@@ -111,12 +117,13 @@ static void caller_tick(void) {
       return;
     }
     c->last_call = c->last_yield = now;
-    dfkvgo_caller_threads(atomic_fetch_add(&caller_threads, 1) + 1);
+    atomic_store(&go_procs, dfkvgo_caller_threads(atomic_fetch_add(&caller_threads, 1) + 1));
     return;
   }
   long long gap = now - c->last_call;
   c->last_call = now;
-  if (gap < BUSY_GAP_NS && now - c->last_yield >= YIELD_EVERY_NS) {
+  if (gap < BUSY_GAP_NS && now - c->last_yield >= YIELD_EVERY_NS &&
+      atomic_load(&caller_threads) < atomic_load(&go_procs)) {
     c->last_yield = now;
     dfkvgo_yield();
   }

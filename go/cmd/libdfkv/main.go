@@ -505,7 +505,7 @@ func dfkvgo_max_value_size(c C.uintptr_t) C.uint64_t {
 func init() { cabi.CallerCount = func() int { return int(C.dfkvc_caller_threads()) } }
 
 //export dfkvgo_caller_threads
-func dfkvgo_caller_threads(n C.int) { cabi.CallerThreads(int(n)) }
+func dfkvgo_caller_threads(n C.int) C.int { return C.int(cabi.CallerThreads(int(n))) }
 
 //export dfkvgo_yield
 func dfkvgo_yield() { cabi.Yield() }

@@ -10,8 +10,8 @@ import (
 
 // The C ABI's callers are foreign threads, and each keeps a Go P while it runs its own code
 // between calls. dfkv_abi.c counts them and makes each busy one yield now and then; this
-// side gives Go one P more than there are caller threads, and counts both for the stats
-// snapshot. docs/BENCHMARKS.md, "C ABI, part 4", has the measurements.
+// side gives Go one P more than there are caller threads, does the yield, and renders the
+// figures for the stats snapshot. docs/BENCHMARKS.md, "C ABI, part 4", has the measurements.
 
 // maxProcs bounds the GOMAXPROCS the caller count can ask for.
 const maxProcs = 256
@@ -27,23 +27,20 @@ var (
 	procsPinned = os.Getenv("GOMAXPROCS") != ""
 )
 
-// CallerThreads is told that n C threads have called in and not exited; it raises GOMAXPROCS
-// to n+1 when it is lower. It never lowers it: a pool of threads that comes and goes would
-// otherwise stop the world each time.
-func CallerThreads(n int) {
-	if procsPinned {
-		return
-	}
-	want := min(n+1, maxProcs)
+// CallerThreads is told that n C threads have made data calls and not exited. It raises
+// GOMAXPROCS to n+1 when it is lower, and returns GOMAXPROCS. It never lowers it: a pool of
+// threads that comes and goes would otherwise stop the world each time.
+func CallerThreads(n int) int {
 	procsMu.Lock()
 	defer procsMu.Unlock()
-	if runtime.GOMAXPROCS(0) < want {
+	if want := min(n+1, maxProcs); !procsPinned && runtime.GOMAXPROCS(0) < want {
 		runtime.GOMAXPROCS(want)
 	}
+	return runtime.GOMAXPROCS(0)
 }
 
 // Yield schedules the calling goroutine anew, which marks its P as recently scheduled, so
-// sysmon does not take it from the caller's thread (dfkv_abi.c calls it about every 4 ms
+// sysmon does not take it from the caller's thread (dfkv_abi.c calls it about every 6 ms
 // from a thread that calls steadily).
 func Yield() {
 	yields.Add(1)
@@ -56,7 +53,7 @@ func callerStats(b []byte) []byte {
 	if CallerCount != nil {
 		threads = CallerCount()
 	}
-	return fmt.Appendf(b, "# HELP dfkv_cabi_caller_threads C threads that have called the library and not exited.\n"+
+	return fmt.Appendf(b, "# HELP dfkv_cabi_caller_threads C threads that have made data calls and not exited.\n"+
 		"# TYPE dfkv_cabi_caller_threads gauge\ndfkv_cabi_caller_threads %d\n"+
 		"# HELP dfkv_cabi_gomaxprocs The library's GOMAXPROCS (raised to caller threads + 1 unless set in the environment).\n"+
 		"# TYPE dfkv_cabi_gomaxprocs gauge\ndfkv_cabi_gomaxprocs %d\n"+

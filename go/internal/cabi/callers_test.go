@@ -22,17 +22,15 @@ func TestCallerThreadsRaisesGOMAXPROCS(t *testing.T) {
 		{10 * maxProcs, maxProcs}, // capped
 	}
 	for _, s := range steps {
-		CallerThreads(s.threads)
-		if got := runtime.GOMAXPROCS(0); got != s.want {
-			t.Fatalf("after CallerThreads(%d): GOMAXPROCS %d, want %d", s.threads, got, s.want)
+		if got := CallerThreads(s.threads); got != s.want || runtime.GOMAXPROCS(0) != s.want {
+			t.Fatalf("CallerThreads(%d) = %d, GOMAXPROCS %d; want %d", s.threads, got, runtime.GOMAXPROCS(0), s.want)
 		}
 	}
 
 	runtime.GOMAXPROCS(2)
 	procsPinned = true // GOMAXPROCS set in the environment
-	CallerThreads(7)
-	if got := runtime.GOMAXPROCS(0); got != 2 {
-		t.Fatalf("pinned: GOMAXPROCS %d, want 2", got)
+	if got := CallerThreads(7); got != 2 || runtime.GOMAXPROCS(0) != 2 {
+		t.Fatalf("pinned: CallerThreads(7) = %d, GOMAXPROCS %d; want 2", got, runtime.GOMAXPROCS(0))
 	}
 }
 
@@ -50,10 +48,15 @@ func TestCallerStats(t *testing.T) {
 		"dfkv_cabi_caller_threads 3\n",
 		"dfkv_cabi_gomaxprocs " + strconv.Itoa(runtime.GOMAXPROCS(0)) + "\n",
 		"dfkv_cabi_yields_total " + strconv.FormatUint(before+1, 10) + "\n",
+		"# TYPE dfkv_cabi_caller_threads gauge\n",
 		"# TYPE dfkv_cabi_yields_total counter\n",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("stats lack %q:\n%s", want, text)
 		}
+	}
+	CallerCount = nil // before the C side has set it
+	if !strings.Contains(string(callerStats(nil)), "dfkv_cabi_caller_threads 0\n") {
+		t.Error("no C side: caller threads not 0")
 	}
 }
