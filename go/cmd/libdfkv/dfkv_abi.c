@@ -74,14 +74,14 @@ const char* dfkv_last_error(dfkv_client_t c) {
  * has called into Go keeps a Go P, in the system-call state, while it runs its own code
  * between calls, and its calls never schedule a goroutine on that P. Once 10 ms pass, sysmon
  * takes such a P back, and again at every later check: it then polls every 20 us and hands
- * Ps around for as long as the thread keeps calling. Two things stop that. A busy caller
- * thread (calls less than BUSY_GAP apart) yields once every YIELD_EVERY, well inside the
- * 10 ms, which schedules its goroutine anew on its P. And Go gets one P more than there are
- * caller threads (cabi.CallerThreads), so that sysmon, seeing an idle P, leaves the callers'
- * Ps alone. Where GOMAXPROCS is pinned below that (set in the environment, or the cap) the
- * threads do not yield: sysmon would take the P back anyway, and a yield's two thread
- * wake-ups would only add latency. A thread is counted from its first data call until it
- * exits. */
+ * Ps around for as long as the thread keeps calling. A busy caller thread (calls less than
+ * BUSY_GAP apart) therefore yields once every YIELD_EVERY, well inside the 10 ms, which
+ * schedules its goroutine anew on its P; with a P idle as well, sysmon then leaves the
+ * caller's P alone. It yields only while there are fewer caller threads than Ps: without an
+ * idle P sysmon takes the P back anyway, and a yield's two thread wake-ups would only add
+ * latency. The library does not raise GOMAXPROCS to make room (measured: more CPU per GB and
+ * lower x4 throughput with more caller threads than CPUs). A thread is counted from its
+ * first data call until it exits. */
 enum { YIELD_EVERY_NS = 6000000, BUSY_GAP_NS = 4000000 };
 struct caller {
   long long last_call, last_yield;
@@ -90,7 +90,7 @@ static pthread_once_t caller_once = PTHREAD_ONCE_INIT;
 static pthread_key_t caller_key;
 static int caller_key_ok; /* pthread_key_create succeeded (keys can run out) */
 static atomic_int caller_threads;
-static atomic_int go_procs = 1; /* GOMAXPROCS after the latest thread's first call */
+static atomic_int go_procs = 1; /* GOMAXPROCS as of the latest thread's first call */
 static void caller_exit(void* p) {
   atomic_fetch_sub(&caller_threads, 1);
   free(p);
@@ -117,7 +117,8 @@ static void caller_tick(void) {
       return;
     }
     c->last_call = c->last_yield = now;
-    atomic_store(&go_procs, dfkvgo_caller_threads(atomic_fetch_add(&caller_threads, 1) + 1));
+    atomic_fetch_add(&caller_threads, 1);
+    atomic_store(&go_procs, dfkvgo_gomaxprocs());
     return;
   }
   long long gap = now - c->last_call;

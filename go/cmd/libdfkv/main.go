@@ -22,6 +22,7 @@ import "C"
 
 import (
 	"errors"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"unsafe"
@@ -500,12 +501,12 @@ func dfkvgo_max_value_size(c C.uintptr_t) C.uint64_t {
 	})
 }
 
-// dfkvgo_caller_threads and dfkvgo_yield serve dfkv_abi.c's caller tracking (see there).
+// dfkvgo_gomaxprocs and dfkvgo_yield serve dfkv_abi.c's caller tracking (see there).
 
 func init() { cabi.CallerCount = func() int { return int(C.dfkvc_caller_threads()) } }
 
-//export dfkvgo_caller_threads
-func dfkvgo_caller_threads(n C.int) C.int { return C.int(cabi.CallerThreads(int(n))) }
+//export dfkvgo_gomaxprocs
+func dfkvgo_gomaxprocs() C.int { return C.int(runtime.GOMAXPROCS(0)) }
 
 //export dfkvgo_yield
 func dfkvgo_yield() { cabi.Yield() }

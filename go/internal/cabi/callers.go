@@ -2,42 +2,20 @@ package cabi
 
 import (
 	"fmt"
-	"os"
 	"runtime"
-	"sync"
 	"sync/atomic"
 )
 
 // The C ABI's callers are foreign threads, and each keeps a Go P while it runs its own code
-// between calls. dfkv_abi.c counts them and makes each busy one yield now and then; this
-// side gives Go one P more than there are caller threads, does the yield, and renders the
-// figures for the stats snapshot. docs/BENCHMARKS.md, "C ABI, part 4", has the measurements.
-
-// maxProcs bounds the GOMAXPROCS the caller count can ask for.
-const maxProcs = 256
+// between calls. dfkv_abi.c counts them and makes each busy one yield now and then while
+// there are fewer of them than Ps; this side does the yield and renders the figures for the
+// stats snapshot. docs/BENCHMARKS.md, "C ABI, part 4", has the measurements.
 
 // CallerCount reports the live count of caller threads (set by the library's C side; nil in
 // tests of this package, where the stats show 0).
 var CallerCount func() int
 
-var (
-	yields  atomic.Uint64
-	procsMu sync.Mutex
-	// procsPinned: GOMAXPROCS was set in the environment; the library leaves it alone.
-	procsPinned = os.Getenv("GOMAXPROCS") != ""
-)
-
-// CallerThreads is told that n C threads have made data calls and not exited. It raises
-// GOMAXPROCS to n+1 when it is lower, and returns GOMAXPROCS. It never lowers it: a pool of
-// threads that comes and goes would otherwise stop the world each time.
-func CallerThreads(n int) int {
-	procsMu.Lock()
-	defer procsMu.Unlock()
-	if want := min(n+1, maxProcs); !procsPinned && runtime.GOMAXPROCS(0) < want {
-		runtime.GOMAXPROCS(want)
-	}
-	return runtime.GOMAXPROCS(0)
-}
+var yields atomic.Uint64
 
 // Yield schedules the calling goroutine anew, which marks its P as recently scheduled, so
 // sysmon does not take it from the caller's thread (dfkv_abi.c calls it about every 6 ms
@@ -55,7 +33,7 @@ func callerStats(b []byte) []byte {
 	}
 	return fmt.Appendf(b, "# HELP dfkv_cabi_caller_threads C threads that have made data calls and not exited.\n"+
 		"# TYPE dfkv_cabi_caller_threads gauge\ndfkv_cabi_caller_threads %d\n"+
-		"# HELP dfkv_cabi_gomaxprocs The library's GOMAXPROCS (raised to caller threads + 1 unless set in the environment).\n"+
+		"# HELP dfkv_cabi_gomaxprocs The library's GOMAXPROCS; busy caller threads yield only while fewer than this.\n"+
 		"# TYPE dfkv_cabi_gomaxprocs gauge\ndfkv_cabi_gomaxprocs %d\n"+
 		"# HELP dfkv_cabi_yields_total Yields of busy caller threads that keep their Go P from being taken back.\n"+
 		"# TYPE dfkv_cabi_yields_total counter\ndfkv_cabi_yields_total %d\n",
