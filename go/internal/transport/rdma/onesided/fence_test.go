@@ -5,6 +5,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/dfkv/dfkv/go/internal/store"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
@@ -29,6 +30,23 @@ func TestStaleCompletionFencedAndPostedOps(t *testing.T) {
 	warm := &Op{Kind: fb.OpPut, Tenant: 1, ID: oid(100), Value: [][]byte{randBytes(5000, 100)}}
 	if err := c1.Do(ctx, []*Op{warm}); err != nil || warm.Status != fb.StatusOk {
 		t.Fatalf("put: %v %s", err, warm.Status)
+	}
+	// Do returns on the server's reply; the PUT's own send completion, the one the stale_wc
+	// fault replays on the next QP, can still be on its way. Reap it before going on.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := c1.reapSend(); err != nil {
+			t.Fatal(err)
+		}
+		if c1.sqUsed == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the warm PUT's send completion never arrived")
+		}
+		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_ = c1.scq.Wait(wctx)
+		cancel()
 	}
 
 	// A window of 6 PUTs at depth 2 whose first WR fails: two were posted, four were not.

@@ -597,8 +597,10 @@ func (q *qp) ackLoop(c net.Conn, stop chan struct{}) {
 			if isRead {
 				wc.ByteLen = r.length
 			}
-			q.scq.push(wc) // under q.mu: keeps success and flush completions in order
+			// Recorded before it is pushed: a completion a poller has seen is already the
+			// device's last one (the stale_wc fault replays it on the next QP).
 			q.d.recordWC(wc)
+			q.scq.push(wc) // under q.mu: keeps success and flush completions in order
 		}
 		q.mu.Unlock()
 	}
