@@ -7,27 +7,18 @@
 
 waitall: the payload read with MSG_WAITALL; buf4m: 4 MiB SO_RCVBUF/SO_SNDBUF like libdfkv's.
 """
-import pickle, socket, struct, sys, threading, time, random
+import pickle, random, socket, struct, sys
+
+from benchrun import fail, readinto, run
 
 hello, reqs = pickle.load(open(sys.argv[1], "rb"))
 host, port = sys.argv[2].rsplit(":", 1)
 T, secs = int(sys.argv[3]), float(sys.argv[4])
 MODE = sys.argv[5] if len(sys.argv) > 5 else "plain"
 N = 1 << 20
-counts = [0] * T
-start_at = time.time() + 0.5
-stop = start_at + secs
 
 
-def readinto(s, mv, flags=0):
-    while len(mv):
-        r = s.recv_into(mv, len(mv), flags)
-        if r == 0:
-            raise SystemExit("eof")
-        mv = mv[r:]
-
-
-def worker(i):
+def worker(i, step):
     s = socket.create_connection((host, int(port)))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if MODE == "buf4m":
@@ -38,25 +29,17 @@ def worker(i):
     s.sendall(hello)
     readinto(s, hv)
     readinto(s, memoryview(bytearray(struct.unpack_from("<Q", hdr, 24)[0])))
-    buf = bytearray(N)
-    mv = memoryview(buf)
+    mv = memoryview(bytearray(N))
     rnd = random.Random(i)
-    n = 0
-    while True:
-        now = time.time()
-        if now > stop:
-            break
+
+    def get():
         s.sendall(reqs[rnd.randrange(len(reqs))])
         readinto(s, hv)
         if hdr[5] != 0:
-            raise SystemExit("status %d" % hdr[5])
+            fail("status %d: are the keys stored? (capture_requests.py)" % hdr[5])
         readinto(s, mv[:struct.unpack_from("<Q", hdr, 24)[0]], socket.MSG_WAITALL if MODE == "waitall" else 0)
-        if now >= start_at:
-            n += 1
-    counts[i] = n
+
+    step(get)
 
 
-ts = [threading.Thread(target=worker, args=(i,)) for i in range(T)]
-[t.start() for t in ts]
-[t.join() for t in ts]
-print("%.2f" % (sum(counts) * N / secs / 1e9))
+print("%.2f" % run(worker, T, secs, N, lead=0.5)["gb_per_s"])

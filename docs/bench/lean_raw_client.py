@@ -4,39 +4,26 @@
 
   python3 docs/bench/lean_raw_client.py HOST:PORT THREADS SECONDS
 """
-import random, socket, struct, sys, threading, time
+import random, socket, struct, sys
+
+from benchrun import readinto, run
 
 host, port = sys.argv[1].rsplit(":", 1)
 T, secs = int(sys.argv[2]), float(sys.argv[3])
 N = 1 << 20
-counts = [0] * T
-start_at = time.time() + 0.3
-stop = start_at + secs
 
 
-def worker(i):
+def worker(i, step):
     s = socket.create_connection((host, int(port)))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     mv = memoryview(bytearray(N + 16))
     rnd = random.Random(i)
-    n = 0
-    while True:
-        now = time.time()
-        if now > stop:
-            break
+
+    def get():
         s.sendall(struct.pack("<IQI", 2, N, rnd.randrange(384)))
-        got = 0
-        while got < N + 16:
-            r = s.recv_into(mv[got:], N + 16 - got)
-            if r == 0:
-                raise SystemExit("eof")
-            got += r
-        if now >= start_at:
-            n += 1
-    counts[i] = n
+        readinto(s, mv)
+
+    step(get)
 
 
-ts = [threading.Thread(target=worker, args=(i,)) for i in range(T)]
-[t.start() for t in ts]
-[t.join() for t in ts]
-print("%.2f" % (sum(counts) * N / secs / 1e9))
+print("%.2f" % run(worker, T, secs, N, lead=0.3)["gb_per_s"])

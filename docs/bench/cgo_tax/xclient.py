@@ -1,33 +1,40 @@
-# xclient.py REQS ADDR THREADS SECONDS SERVER_PID LIBX: the lean dfkv-wire client, each GET through the stand-in library (function XF, default dfkvx_get); prints GB/s, GETs, client and server CPU per GET, machine idle
-import ctypes, os, pickle, resource, socket, struct, sys, threading, time, random
+#!/usr/bin/env python3
+"""The lean dfkv-wire client (lean_dfkv_client.py), each GET through one function of the
+stand-in library (README.md): XF = dfkvx_get (default) | cx_get | cx_get_y | cx_get_nogo.
+Prints the same line as cabi_cpu_ratio.py.
+
+  XF=cx_get python3 docs/bench/cgo_tax/xclient.py reqs.pkl HOST:PORT THREADS SECONDS SERVER_PID /tmp/x/libx.so
+"""
+import ctypes, os, pickle, random, socket, struct, sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchrun import cpu_line, fail, readinto, run  # noqa: E402
+
 hello, reqs = pickle.load(open(sys.argv[1], "rb"))
-host, port = sys.argv[2].rsplit(":", 1); T, secs, spid = int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
-lib = ctypes.CDLL(sys.argv[6]); g = getattr(lib, os.environ.get("XF", "dfkvx_get"))
-g.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong]; g.restype = ctypes.c_int
-def mstat():
-    f = open("/proc/stat").readline().split()[1:]; return int(f[3]) + int(f[4])
-def scpu():
-    f = open("/proc/%s/stat" % spid).read().rsplit(")", 1)[1].split(); return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-N = 1 << 20; counts = [0] * T; start_at = time.time() + 0.4; stop = start_at + secs
-def readinto(s, mv):
-    while len(mv):
-        r = s.recv_into(mv)
-        if r == 0: raise SystemExit("eof")
-        mv = mv[r:]
-def worker(i):
-    s = socket.create_connection((host, int(port))); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    hdr = bytearray(32); hv = memoryview(hdr)
-    s.sendall(hello); readinto(s, hv); readinto(s, memoryview(bytearray(struct.unpack_from("<Q", hdr, 24)[0])))
-    fd = s.fileno(); buf = (ctypes.c_ubyte * N)(); a = ctypes.addressof(buf); rnd = random.Random(i); n = 0
-    while True:
-        now = time.time()
-        if now > stop: break
+host, port = sys.argv[2].rsplit(":", 1)
+T, secs, spid = int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+get_fn = getattr(ctypes.CDLL(sys.argv[6]), os.environ.get("XF", "dfkvx_get"))
+get_fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong]
+get_fn.restype = ctypes.c_int
+N = 1 << 20
+
+
+def worker(i, step):
+    s = socket.create_connection((host, int(port)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    hdr = bytearray(32)
+    s.sendall(hello)
+    readinto(s, memoryview(hdr))
+    readinto(s, memoryview(bytearray(struct.unpack_from("<Q", hdr, 24)[0])))
+    fd, buf, rnd = s.fileno(), (ctypes.c_ubyte * N)(), random.Random(i)
+    a = ctypes.addressof(buf)
+
+    def get():
         q = reqs[rnd.randrange(len(reqs))]
-        if g(fd, q, len(q), a, N) != 1: os._exit(3)
-        if now >= start_at: n += 1
-    counts[i] = n
-ts = [threading.Thread(target=worker, args=(i,)) for i in range(T)]; [t.start() for t in ts]
-time.sleep(max(0, start_at - time.time())); r0 = resource.getrusage(resource.RUSAGE_SELF); s0 = scpu(); m0 = mstat()
-time.sleep(max(0, stop - time.time())); r1 = resource.getrusage(resource.RUSAGE_SELF); s1 = scpu(); m1 = mstat()
-[t.join() for t in ts]; n = max(1, sum(counts))
-print("%.2f %d cli %.1f srv %.1f idle %.1f%%" % (n * N / secs / 1e9, n, (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / n * 1e6, (s1 - s0) / n * 1e6, (m1 - m0) / os.sysconf("SC_CLK_TCK") / (2 * secs) * 100))
+        if get_fn(fd, q, len(q), a, N) != 1:
+            fail("GET failed or missed: are the keys stored? (capture_requests.py)")
+
+    step(get)
+
+
+print(cpu_line(run(worker, T, secs, N, server_pid=spid)))
