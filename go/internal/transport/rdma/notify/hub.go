@@ -167,12 +167,8 @@ func (h *Hub) poll(c *hubCQ) {
 	defer h.wg.Done()
 	var wcs [32]verbs.WorkCompletion
 	for {
-		if g := h.gate.Load(); g != nil {
-			select {
-			case <-*g:
-			case <-h.pctx.Done():
-				return
-			}
+		if !h.passGate() {
+			return
 		}
 		n, err := c.cq.Poll(wcs[:])
 		if err != nil {
@@ -181,6 +177,11 @@ func (h *Hub) poll(c *hubCQ) {
 				h.cfg.Logger.Error("notify: shared CQ failed", "err", err)
 				h.failCQ(c, err)
 			}
+			return
+		}
+		// A gate set between the look above and the poll holds what was polled, unrouted,
+		// like the completions still in the CQ.
+		if n > 0 && !h.passGate() {
 			return
 		}
 		for _, wc := range wcs[:n] {
@@ -192,6 +193,20 @@ func (h *Hub) poll(c *hubCQ) {
 		if err := c.cq.Wait(h.pctx); err != nil && h.pctx.Err() != nil {
 			return
 		}
+	}
+}
+
+// passGate waits while the test hook's gate is set; false when the hub closed meanwhile.
+func (h *Hub) passGate() bool {
+	g := h.gate.Load()
+	if g == nil {
+		return true
+	}
+	select {
+	case <-*g:
+		return true
+	case <-h.pctx.Done():
+		return false
 	}
 }
 
