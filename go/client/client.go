@@ -56,6 +56,10 @@ type Options struct {
 	// FanoutThreads bounds the goroutines one client runs for the chunks of its batch calls
 	// beyond the first (default 32, at most 4096). The C ABI sets it from DFKV_FANOUT_THREADS.
 	FanoutThreads int
+	// OnPeerCooldown, when set, is called each time a member's cool-down starts (after an
+	// I/O failure), with the time it ends; the C ABI drops its detached sockets to the
+	// member then (see DialDetached). It must not block.
+	OnPeerCooldown func(addr string, until time.Time)
 }
 
 // Client is safe for concurrent use.
@@ -121,7 +125,7 @@ func New(opts Options) (*Client, error) {
 	c := &Client{opts: opts, tenant: identity.Tenant(opts.Tenant), m: newClientMetrics(), peers: map[string]*peer{},
 		fanout: make(chan struct{}, opts.FanoutThreads)}
 	c.pcfg = &peerConfig{dialer: opts.Dialer, connectTimeout: opts.ConnectTimeout, ioTimeout: opts.IOTimeout,
-		cooldown: opts.Cooldown, poolSize: opts.PoolSize, blockingIO: opts.BlockingIO, m: c.m,
+		cooldown: opts.Cooldown, poolSize: opts.PoolSize, blockingIO: opts.BlockingIO, m: c.m, onCool: opts.OnPeerCooldown,
 		hello: wire.Hello{ProtocolVersion: uint32(wire.ProtocolVersion), MinProtocolVersion: uint32(wire.ProtocolVersion),
 			MaxValueBytes: opts.Limits.MaxValue, MaxBatchItems: opts.Limits.MaxBatchItems, MaxDepth: 1,
 			SoftwareVersion: Version, Transport: opts.Dialer.Mode(), Token: opts.Token}}

@@ -34,6 +34,9 @@ type fdConn struct {
 	closed   bool
 }
 
+// blockingSupported: Options.BlockingIO has an effect.
+const blockingSupported = true
+
 // blockingConn turns a dialed socket into an fdConn. It returns (nil, nil) when nc is not a
 // kernel socket (an in-memory transport), which keeps the netpoller path.
 func blockingConn(nc net.Conn) (*fdConn, error) {
@@ -63,6 +66,12 @@ func blockingConn(nc net.Conn) (*fdConn, error) {
 		return nil, fmt.Errorf("blocking I/O: %w", err)
 	}
 	return &fdConn{fd: fd}, nil
+}
+
+// detach gives up the descriptor: the caller owns it, and Close no longer closes it.
+func (f *fdConn) detach() int {
+	f.closed = true
+	return f.fd
 }
 
 func (f *fdConn) Close() error {

@@ -11,6 +11,9 @@ import (
 // fdConn exists on Linux only; elsewhere Options.BlockingIO keeps the netpoller path.
 type fdConn struct{}
 
+// blockingSupported: Options.BlockingIO has an effect.
+const blockingSupported = false
+
 var errNoBlockingIO = errors.New("blocking I/O is Linux-only")
 
 func blockingConn(net.Conn) (*fdConn, error) { return nil, nil }
@@ -22,3 +25,4 @@ func (*fdConn) interrupt()                  {}
 func (*fdConn) SetDeadline(time.Time) error { return nil }
 func (*fdConn) readv([][]byte) error        { return errNoBlockingIO }
 func (*fdConn) writev([][]byte) error       { return errNoBlockingIO }
+func (*fdConn) detach() int                 { return -1 }

@@ -28,6 +28,7 @@ type peerConfig struct {
 	blockingIO     bool
 	hello          wire.Hello // what this client offers in HELLO (token included)
 	m              *clientMetrics
+	onCool         func(addr string, until time.Time) // Options.OnPeerCooldown
 }
 
 // peer is one cache node's connection pool and health state.
@@ -78,9 +79,13 @@ func (p *peer) cooling() bool {
 // markFailed starts a cool-down: the next ops fail fast until it ends, then one op probes.
 func (p *peer) markFailed() {
 	p.fails.Add(1)
-	p.coolTill.Store(time.Now().Add(p.cfg.cooldown).UnixNano())
+	until := time.Now().Add(p.cfg.cooldown)
+	p.coolTill.Store(until.UnixNano())
 	p.cfg.m.cooldowns.Inc()
 	p.drain()
+	if p.cfg.onCool != nil {
+		p.cfg.onCool(p.addr, until)
+	}
 }
 
 func (p *peer) markHealthy() {

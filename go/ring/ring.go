@@ -130,6 +130,18 @@ func (r *Ring) Owner(h uint64) (int, string) {
 	return int(n), r.nodes[n].ID
 }
 
+// Points returns the ring's points in search order (hashes ascending) and, for each, the
+// index in Nodes() of the node it belongs to. A router outside Go (the C ABI's GET fast
+// path) finds an owner as Owner does: the first point whose hash is >= h, else the first.
+func (r *Ring) Points() (hashes []uint64, nodes []int32) {
+	hashes = make([]uint64, len(r.points))
+	nodes = make([]int32, len(r.points))
+	for i, p := range r.points {
+		hashes[i], nodes[i] = p.hash, p.node
+	}
+	return hashes, nodes
+}
+
 // Shares returns each node's fraction of the 64-bit hash space, keyed by node id.
 func (r *Ring) Shares() map[string]float64 {
 	out := make(map[string]float64, len(r.nodes))

@@ -198,3 +198,33 @@ func TestNewRejects(t *testing.T) {
 		t.Fatal("empty ring has shares")
 	}
 }
+
+// TestPointsRouteLikeOwner checks that Points, searched as its comment says, gives the owner
+// Owner gives, including the wrap past the last point.
+func TestPointsRouteLikeOwner(t *testing.T) {
+	r, err := New([]Node{{ID: "a", Weight: 1}, {ID: "b", Weight: 2}, {ID: "c", Weight: 1}}, WithPointsPerWeight(16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes, nodes := r.Points()
+	if len(hashes) != 4*16 || len(nodes) != len(hashes) {
+		t.Fatalf("%d hashes, %d nodes; want %d", len(hashes), len(nodes), 4*16)
+	}
+	probe := []uint64{0, 1, hashes[0], hashes[len(hashes)-1], hashes[len(hashes)-1] + 1, ^uint64(0)}
+	for i := uint64(0); i < 2000; i++ {
+		probe = append(probe, i*0x9E3779B97F4A7C15)
+	}
+	for _, h := range probe {
+		j := 0
+		for j < len(hashes) && hashes[j] < h {
+			j++
+		}
+		if j == len(hashes) {
+			j = 0
+		}
+		want, _ := r.Owner(h)
+		if int(nodes[j]) != want {
+			t.Fatalf("hash %#x: points say node %d, Owner says %d", h, nodes[j], want)
+		}
+	}
+}

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "dfkv.h"
+#include "fastget.h"
 #include "_cgo_export.h"
 
 #define H(c) ((uintptr_t)(c))
@@ -140,11 +141,15 @@ int dfkv_put(dfkv_client_t c, const void* key, uint64_t key_len, const void* val
   return dfkvgo_put(H(c), (void*)key, key_len, (void*)value, n);
 }
 int dfkv_get(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint64_t n) {
+  int rc = dfkvc_fast_get(H(c), key, key_len, buf, n, DFKVC_FLAG_EXACT, NULL);
+  if (rc != DFKVC_FAST_FALLBACK) return rc;
   caller_tick();
   return dfkvgo_get(H(c), (void*)key, key_len, buf, n);
 }
 int dfkv_get_auto(dfkv_client_t c, const void* key, uint64_t key_len, void* buf, uint64_t cap,
                   uint64_t* out_len) {
+  int rc = dfkvc_fast_get(H(c), key, key_len, buf, cap, DFKVC_FLAG_CAP, out_len);
+  if (rc != DFKVC_FAST_FALLBACK) return rc;
   caller_tick();
   return dfkvgo_get_auto(H(c), (void*)key, key_len, buf, cap, out_len);
 }

@@ -134,7 +134,9 @@ func dfkvgo_open_v2(o *C.dfkv_client_options_v2) (id C.uintptr_t) {
 	id = C.uintptr_t(cabi.Open(opts))
 	if id == 0 {
 		setError(0, errors.New("dfkv_open_v2: "+cabi.LastError()))
+		return 0
 	}
+	fastOpen(id, handle(id))
 	return id
 }
 
@@ -145,6 +147,7 @@ func dfkvgo_close(c C.uintptr_t) {
 			setError(c, cabi.Recovered(r, debug.Stack()))
 		}
 	}()
+	fastClose(c)
 	cabi.Close(uint64(c))
 }
 
@@ -474,7 +477,10 @@ func modeString(m string) *C.char {
 //export dfkvgo_stats_snapshot
 func dfkvgo_stats_snapshot(c C.uintptr_t, buf *C.char, capacity C.uint64_t) C.uint64_t {
 	return call(c, 0, func(h *cabi.Handle) (C.uint64_t, error) {
-		text := h.StatsSnapshot()
+		if st := fastLookup(c); st != nil {
+			st.flush()
+		}
+		text := fastStats(h.StatsSnapshot(), c)
 		if buf != nil && capacity > 0 {
 			dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(min(uint64(capacity), uint64(len(text)))))
 			copy(dst, text)

@@ -71,7 +71,18 @@ var MembershipFactory func(o *Options) (client.Membership, error)
 
 // Handle is one open client.
 type Handle struct {
-	c *client.Client
+	c      *client.Client
+	onCool atomic.Pointer[func(addr string, until time.Time)] // SetOnPeerCooldown
+}
+
+// SetOnPeerCooldown sets what runs each time one of the client's peers starts a cool-down
+// (client.Options.OnPeerCooldown); the library's GET fast path drops its sockets then.
+func (h *Handle) SetOnPeerCooldown(fn func(addr string, until time.Time)) { h.onCool.Store(&fn) }
+
+func (h *Handle) peerCooled(addr string, until time.Time) {
+	if fn := h.onCool.Load(); fn != nil && *fn != nil {
+		(*fn)(addr, until)
+	}
 }
 
 var (
@@ -182,12 +193,15 @@ func open(o *Options) (*Handle, error) {
 		ms.Close()
 		return nil, err
 	}
+	h := &Handle{}
+	copts.OnPeerCooldown = h.peerCooled
 	c, err := client.New(copts)
 	if err != nil {
 		ms.Close()
 		return nil, err
 	}
-	return &Handle{c: c}, nil
+	h.c = c
+	return h, nil
 }
 
 // Lookup returns the handle for id, or nil (closed or never opened).

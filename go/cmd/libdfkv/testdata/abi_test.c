@@ -296,6 +296,16 @@ int main(void) {
   CHECK(dfkv_remove(c, key, sizeof key) == 1, "remove");
   CHECK(dfkv_remove(c, key, sizeof key) == 1, "remove of an absent key is 1 (confirmed gone)");
   CHECK(dfkv_get(c, key, sizeof key, got, n) == 0, "get after remove");
+  /* The exact get, the get_auto hit and the miss after remove were answered in C by the
+   * GET fast path (fastget.c: binary key, NUL in the namespace); the size mismatches went
+   * on to the Go client, which owns those answers. */
+  const char* fastpath = getenv("DFKV_CABI_FASTPATH");
+  if (fastpath == NULL || strcmp(fastpath, "0") != 0) {
+    CHECK(stat_value(c, "dfkv_cabi_fast_gets_total") == 3, "fast path gets: %g",
+          stat_value(c, "dfkv_cabi_fast_gets_total"));
+    CHECK(stat_value(c, "dfkv_cabi_fast_fallbacks_total") == 3, "fast path fallbacks: %g",
+          stat_value(c, "dfkv_cabi_fast_fallbacks_total"));
+  }
 
   /* ---- dfkv_last_error: per handle, per thread; set by failures, kept by successes ---- */
   CHECK(strstr(dfkv_last_error(c), "not found") != NULL, "last error after a miss: '%s'", dfkv_last_error(c));
