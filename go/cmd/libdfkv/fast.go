@@ -69,27 +69,12 @@ func fastOpen(id C.uintptr_t, h *cabi.Handle) {
 	if !ok {
 		return
 	}
-	if why := C.GoString(C.dfkvc_fast_unavailable()); why != "" {
+	if why := fastUnavailable(); why != "" {
 		slog.Info("dfkv: C ABI GET fast path off", "reason", why)
 		return
 	}
-	// The probes fastget.c checks its header layout against: encoded by the generated code.
-	var req [wire.RequestSize]byte
-	(&wire.Request{Op: fb.OpGet, Flags: wire.FlagCap, Tenant: info.Tenant,
-		ID:     identity.ObjectID{Hi: 0x0102030405060708, Lo: 0x1112131415161718},
-		Offset: 0x2122232425262728, Length: 0x3132333435363738, PayloadLen: 0x4142434445464748}).Encode(req[:])
-	var resp [wire.ResponseSize]byte
-	(&wire.Response{Op: fb.OpGet, Status: fb.StatusNotFound, ValueLen: 0x5152535455565758,
-		PayloadLen: 0x6162636465666768}).Encode(resp[:])
-	miss := client.ErrNotFound.Error()
-	var ns unsafe.Pointer
-	if len(info.Namespace) > 0 {
-		ns = unsafe.Pointer(&info.Namespace[0])
-	}
-	rc := C.dfkvc_fast_register(id, C.uint64_t(info.Tenant), ns, C.size_t(len(info.Namespace)),
-		C.longlong(info.IOTimeout.Nanoseconds()), C.int(info.PoolSize),
-		(*C.char)(unsafe.Pointer(unsafe.StringData(miss))), C.size_t(len(miss)),
-		unsafe.Pointer(&req[0]), unsafe.Pointer(&resp[0]))
+	req, resp := fastProbes(info.Tenant)
+	rc := fastRegister(uint64(id), info, req[:], resp[:])
 	if rc != 0 {
 		why := fmt.Sprintf("registration refused (%d)", int(rc))
 		if rc == -3 || rc == -4 {
@@ -109,18 +94,47 @@ func fastOpen(id C.uintptr_t, h *cabi.Handle) {
 	go st.run(v)
 }
 
+// fastUnavailable says why the fast path cannot run in this process ("" when it can).
+func fastUnavailable() string { return C.GoString(C.dfkvc_fast_unavailable()) }
+
+// fastProbes encodes, with the generated code, the request and reply headers that
+// fastget.c must write and read byte for byte before it serves a client.
+func fastProbes(tenant uint64) (req [wire.RequestSize]byte, resp [wire.ResponseSize]byte) {
+	(&wire.Request{Op: fb.OpGet, Flags: wire.FlagCap, Tenant: tenant,
+		ID:     identity.ObjectID{Hi: 0x0102030405060708, Lo: 0x1112131415161718},
+		Offset: 0x2122232425262728, Length: 0x3132333435363738, PayloadLen: 0x4142434445464748}).Encode(req[:])
+	(&wire.Response{Op: fb.OpGet, Status: fb.StatusNotFound, ValueLen: 0x5152535455565758,
+		PayloadLen: 0x6162636465666768}).Encode(resp[:])
+	return req, resp
+}
+
+// fastRegister hands a client to the C side: 0, or why not (-3: the request probe differs
+// from what fastget.c encodes, -4: it reads the reply probe otherwise; see fastget.c).
+func fastRegister(id uint64, info client.DetachedInfo, req, resp []byte) int {
+	if len(req) != wire.RequestSize || len(resp) != wire.ResponseSize {
+		return -3
+	}
+	miss := client.ErrNotFound.Error()
+	var ns unsafe.Pointer
+	if len(info.Namespace) > 0 {
+		ns = unsafe.Pointer(&info.Namespace[0])
+	}
+	return int(C.dfkvc_fast_register(C.uintptr_t(id), C.uint64_t(info.Tenant), ns, C.size_t(len(info.Namespace)),
+		C.longlong(info.IOTimeout.Nanoseconds()), C.int(info.PoolSize),
+		(*C.char)(unsafe.Pointer(unsafe.StringData(miss))), C.size_t(len(miss)),
+		unsafe.Pointer(&req[0]), unsafe.Pointer(&resp[0])))
+}
+
 // fastClose unregisters id: the C side stops serving it (calls in flight finish on their
 // own sockets), and its last figures reach the client's metrics.
-func fastClose(id C.uintptr_t) {
-	v, ok := fastClients.LoadAndDelete(id)
-	if !ok {
-		return
+func fastClose(id uint64) {
+	if v, ok := fastClients.LoadAndDelete(C.uintptr_t(id)); ok {
+		st := v.(*fastState)
+		close(st.stop)
+		<-st.done
+		st.flush()
 	}
-	st := v.(*fastState)
-	close(st.stop)
-	<-st.done
-	st.flush()
-	C.dfkvc_fast_close(id)
+	C.dfkvc_fast_close(C.uintptr_t(id)) // a no-op for an id the C side does not hold
 }
 
 // run republishes the view when it changes (last: the one published) and moves the figures,

@@ -586,7 +586,9 @@ int dfkvc_fast_get(uintptr_t id, const void* key, uint64_t key_len, void* buf, u
     node = fc->nodes[uid];
   }
   pthread_rwlock_unlock(&fc->lk);
-  if (node == NULL || atomic_load(&node->cool_till) > unix_now()) goto out;
+  if (node == NULL) goto out;
+  long long cool = atomic_load(&node->cool_till);
+  if (cool != 0 && cool > unix_now()) goto out;
 
   struct fconn f = {.fd = -1};
   pthread_mutex_lock(&node->mu);

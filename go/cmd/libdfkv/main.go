@@ -147,7 +147,7 @@ func dfkvgo_close(c C.uintptr_t) {
 			setError(c, cabi.Recovered(r, debug.Stack()))
 		}
 	}()
-	fastClose(c)
+	fastClose(uint64(c))
 	cabi.Close(uint64(c))
 }
 
