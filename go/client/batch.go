@@ -300,6 +300,10 @@ func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, arg uint64, items [
 		}
 		switch op {
 		case fb.OpBatchGet:
+			if r.Status == fb.StatusOk && (r.PayloadLen == 0 || flags&wire.FlagExact != 0 && r.PayloadLen != segsLen(it.segs(true))) {
+				// A hit must fill an exact read, and no stored value is empty.
+				return fmt.Errorf("%w: item %d: %d-byte hit for a %d-byte read", ErrProtocol, i, r.PayloadLen, segsLen(it.segs(true)))
+			}
 			if r.PayloadLen != 0 {
 				segs := it.segs(true)
 				if r.Status != fb.StatusOk || r.PayloadLen > segsLen(segs) {

@@ -390,6 +390,11 @@ func (c *Client) get(ctx context.Context, key []byte, segs [][]byte, flags uint8
 			if resp.PayloadLen > length {
 				return fmt.Errorf("%w: %d-byte payload for a %d-byte buffer", ErrProtocol, resp.PayloadLen, length)
 			}
+			if short := flags&wire.FlagExact != 0 && resp.PayloadLen != length; short || (flags != 0 && resp.PayloadLen == 0) {
+				// A hit must fill an exact read, and no stored value is empty: anything else
+				// would report bytes the caller's buffer does not hold.
+				return fmt.Errorf("%w: %d-byte payload for an exact %d-byte read", ErrProtocol, resp.PayloadLen, length)
+			}
 			if err := readSegs(pc, segs, resp.PayloadLen); err != nil {
 				return err
 			}

@@ -373,3 +373,138 @@ def test_follows_a_membership_change(tmp_path, namespace):
             c.close()
             if n2 is not None:
                 stop(n2)
+
+
+class FakeNode:
+    """A dfkv node that answers HELLO properly and each GET as the test scripts it by object
+    id: the replies a broken or hostile server could send. Thread per connection; bounded by
+    the test's own calls."""
+
+    def __init__(self):
+        import struct
+
+        self.struct = struct
+        self.script = {}  # id hi -> (behaviour, value)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.addr = "%s:%d" % self.sock.getsockname()
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _reply(self, c, op, status, value_len=0, payload=b"", payload_len=None, magic=0x314B4644):
+        n = len(payload) if payload_len is None else payload_len
+        c.sendall(self.struct.pack("<IBBHIIQQ", magic, op, status, 1, 0, 0, value_len, n) + payload)
+
+    def _hello(self):
+        import flatbuffers
+
+        from dfkv._fb import control_generated as cg
+
+        b = flatbuffers.Builder(128)
+        sv, tr = b.CreateString("fake"), b.CreateString("tcp")
+        cg.HelloStart(b)
+        cg.HelloAddProtocolVersion(b, 1)
+        cg.HelloAddMinProtocolVersion(b, 1)
+        cg.HelloAddMaxValueBytes(b, 1 << 26)
+        cg.HelloAddMaxBatchItems(b, 1024)
+        cg.HelloAddMaxDepth(b, 1)
+        cg.HelloAddSoftwareVersion(b, sv)
+        cg.HelloAddTransport(b, tr)
+        b.Finish(cg.HelloEnd(b))
+        return bytes(b.Output())
+
+    def _serve(self, c):
+        try:
+            while True:
+                hdr = b""
+                while len(hdr) < 64:
+                    chunk = c.recv(64 - len(hdr))
+                    if not chunk:
+                        return
+                    hdr += chunk
+                _, op, _, _, _, _, _, hi, _, _, length, plen = self.struct.unpack("<IBBHIIQQQQQQ", hdr)
+                while plen:
+                    plen -= len(c.recv(min(plen, 1 << 16)))
+                if op == 2:  # HELLO
+                    self._reply(c, 2, 0, payload=self._hello())
+                    continue
+                what, value = self.script.get(hi, ("missing", b""))
+                if what == "ok":
+                    self._reply(c, 4, 0, len(value), value)
+                elif what == "missing":
+                    self._reply(c, 4, 1)
+                elif what == "unknown_status":
+                    self._reply(c, 4, 200)
+                elif what == "status_with_payload":
+                    self._reply(c, 4, 1, 0, value)
+                elif what == "longer_than_asked":
+                    self._reply(c, 4, 0, length + 8, value + b"12345678")
+                elif what == "shorter_exact":
+                    self._reply(c, 4, 0, len(value) - 1, value[:-1])
+                elif what == "bad_magic":
+                    self._reply(c, 4, 0, len(value), value, magic=0xDEADBEEF)
+                elif what == "wrong_op":
+                    self._reply(c, 3, 0, len(value), value)
+                elif what == "cut":
+                    self._reply(c, 4, 0, len(value), value[: len(value) // 2], payload_len=len(value))
+                    c.close()
+                    return
+        except OSError:
+            return
+
+
+def test_misbehaving_server_never_yields_wrong_bytes(namespace, monkeypatch):
+    """Each malformed reply, seen first by the C side, is either a clean failure or the Go
+    client's answer after it repeats the request: never a hit with bytes the server did not
+    store for that key, never a hang."""
+    import dfkv
+
+    monkeypatch.setenv("DFKV_IO_TIMEOUT_MS", "2000")
+    monkeypatch.setenv("DFKV_PEER_COOLDOWN_MS", "1")  # every case starts from a usable peer
+    if missing_build():
+        pytest.skip(missing_build())
+    os.environ.setdefault("DFKV_LIB", str(LIB_PATH))
+    node = FakeNode()
+    c = dfkv.Client(f"f1={node.addr}", namespace=namespace)
+    try:
+        value = bytes(range(256)) * 16
+        node.script[c.object_id(b"good").hi] = ("ok", value)
+        buf = bytearray(len(value))
+        assert c.get_into(b"good", buf) and buf == value  # the fake speaks the protocol
+        assert stats(c)["dfkv_cabi_fast_gets_total"] == 1
+        for what in ("unknown_status", "status_with_payload", "longer_than_asked", "shorter_exact",
+                     "bad_magic", "wrong_op", "cut"):
+            key = what.encode()
+            node.script[c.object_id(key).hi] = (what, value)
+            s0 = stats(c)
+            buf = bytearray(b"\xee" * len(value))
+            t0 = time.monotonic()
+            ok = c.get_into(key, buf)
+            took = time.monotonic() - t0
+            assert ok is False, what
+            assert took < 1.5, (what, took)  # a clean answer, not a deadline
+            assert c.last_error(), what
+            s1 = stats(c)
+            assert s1["dfkv_cabi_fast_fallbacks_total"] - s0["dfkv_cabi_fast_fallbacks_total"] == 1, what
+            time.sleep(0.01)  # past the 1 ms cool-down a protocol error may have started
+            # The socket the bad reply left behind is gone: the good key still reads right.
+            buf = bytearray(len(value))
+            assert c.get_into(b"good", buf) and buf == value, what
+    finally:
+        c.close()
+        node.close()

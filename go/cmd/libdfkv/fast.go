@@ -120,7 +120,7 @@ func fastRegister(id uint64, info client.DetachedInfo, req, resp []byte) int {
 		ns = unsafe.Pointer(&info.Namespace[0])
 	}
 	return int(C.dfkvc_fast_register(C.uintptr_t(id), C.uint64_t(info.Tenant), ns, C.size_t(len(info.Namespace)),
-		C.longlong(info.IOTimeout.Nanoseconds()), C.int(info.PoolSize),
+		C.longlong(info.IOTimeout.Nanoseconds()), C.int(info.PoolSize), C.unsigned(wire.MaxStatus),
 		(*C.char)(unsafe.Pointer(unsafe.StringData(miss))), C.size_t(len(miss)),
 		unsafe.Pointer(&req[0]), unsafe.Pointer(&resp[0])))
 }

@@ -203,6 +203,7 @@ struct fclient {
   size_t pre_len;
   long long io_timeout_ns;
   int pool_cap;
+  unsigned max_status; /* wire.MaxStatus: a larger one is a reply out of step */
   char miss_msg[128];
   size_t miss_len;
 
@@ -287,8 +288,9 @@ static void release(struct fclient* fc) {
 /* ---- registration (fast.go) ---- */
 
 int dfkvc_fast_register(uintptr_t id, uint64_t tenant, const void* ns, size_t ns_len,
-                        long long io_timeout_ns, int pool_cap, const char* miss_msg,
-                        size_t miss_len, const void* probe_req, const void* probe_resp) {
+                        long long io_timeout_ns, int pool_cap, unsigned max_status,
+                        const char* miss_msg, size_t miss_len, const void* probe_req,
+                        const void* probe_resp) {
   if (dfkvc_fast_unavailable()[0] != 0) return -1;
   pthread_once(&fork_once, fork_hook);
   if (atomic_load(&forked)) return -6;
@@ -317,6 +319,7 @@ int dfkvc_fast_register(uintptr_t id, uint64_t tenant, const void* ns, size_t ns
   fc->pre_len = 8 + ns_len;
   fc->io_timeout_ns = io_timeout_ns;
   fc->pool_cap = pool_cap;
+  fc->max_status = max_status;
   fc->miss_len = miss_len < sizeof fc->miss_msg ? miss_len : sizeof fc->miss_msg;
   memcpy(fc->miss_msg, miss_msg, fc->miss_len);
   pthread_rwlock_wrlock(&reg_lk);
@@ -615,10 +618,10 @@ int dfkvc_fast_get(uintptr_t id, const void* key, uint64_t key_len, void* buf, u
     r = decode_resp(hdr);
     if (r.magic != WIRE_MAGIC || r.version != WIRE_VERSION || r.op != OP_GET)
       e = FAST_PROTO;
-    else if (r.status == ST_OK &&
-             (r.payload_len > n || ((flags & DFKVC_FLAG_EXACT) && r.payload_len != n)))
+    else if (r.status == ST_OK && (r.payload_len > n || r.payload_len == 0 ||
+                                   ((flags & DFKVC_FLAG_EXACT) && r.payload_len != n)))
       e = FAST_PROTO;
-    else if (r.status != ST_OK && r.payload_len != 0)
+    else if (r.status > fc->max_status || (r.status != ST_OK && r.payload_len != 0))
       e = FAST_PROTO;
     else if (got > r.payload_len)
       e = FAST_PROTO;

@@ -22,8 +22,9 @@ int dfkvc_fast_get(uintptr_t id, const void* key, uint64_t key_len, void* buf, u
  * for the fields dfkvc_fast_register documents, probe_resp a 32-byte response header; the
  * fast path stays off unless this file's encoder and decoder agree with them. */
 int dfkvc_fast_register(uintptr_t id, uint64_t tenant, const void* ns, size_t ns_len,
-                        long long io_timeout_ns, int pool_cap, const char* miss_msg,
-                        size_t miss_len, const void* probe_req, const void* probe_resp);
+                        long long io_timeout_ns, int pool_cap, unsigned max_status,
+                        const char* miss_msg, size_t miss_len, const void* probe_req,
+                        const void* probe_resp);
 void dfkvc_fast_set_view(uintptr_t id, const uint64_t* hashes, const int32_t* nodes,
                          int npoints, const uint32_t* uids, int nmembers);
 void dfkvc_fast_cool(uintptr_t id, uint32_t uid, long long until_unix_ns);
