@@ -6,7 +6,10 @@ then runs dfkv_bench for 3 s per round with THREADS connections. The client's CP
 whole dfkv_bench process (rusage; start-up included, so slightly high); the server's is
 read from /proc/SERVER_PID/stat over the same window.
 
-  python3 docs/bench/go_cpu_ratio.py ADDR SERVER_PID THREADS ROUNDS [DFKV_BENCH]
+  python3 docs/bench/go_cpu_ratio.py ADDR SERVER_PID THREADS ROUNDS [DFKV_BENCH [FLAG ...]]
+
+FLAGs go to dfkv_bench (e.g. --blocking-io: the Go client with blocking socket calls, as the
+C ABI's sockets are read).
 """
 import json
 import os
@@ -25,8 +28,9 @@ def cpu(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / tick
 
 
+extra = sys.argv[6:]
 base = [bench, "--target", "dfkv", "--node", addr, "--op", "get", "--size", "1048576", "--conns", str(threads),
-        "--keys", "384", "--ns", "gocpu", "--max-time", "60s", "--strict", "--json"]
+        "--keys", "384", "--ns", "gocpu", "--max-time", "60s", "--strict", "--json"] + extra
 subprocess.run(base + ["--duration", "0.5s", "--warmup", "0s", "--seed"], capture_output=True, check=True)
 for _ in range(rounds):
     s0 = cpu(spid)

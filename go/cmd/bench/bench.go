@@ -44,6 +44,7 @@ type options struct {
 	verify    bool
 	strict    bool
 	getAuto   bool
+	blocking  bool
 	ioTimeout time.Duration
 	jsonOut   bool
 	cpuprof   string
@@ -96,6 +97,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, int, bool) {
 	fs.BoolVar(&o.verify, "verify", true, "check each GET's key stamp (not for rawtcp)")
 	fs.BoolVar(&o.strict, "strict", false, "count misses as failures (exit 1)")
 	fs.BoolVar(&o.getAuto, "get-auto", false, "dfkv: GetAuto/BatchGet(Auto) instead of exact-size gets")
+	fs.BoolVar(&o.blocking, "blocking-io", false, "dfkv: blocking socket calls on the worker's thread (client.Options.BlockingIO, as the C ABI uses) instead of the netpoller")
 	fs.DurationVar(&o.ioTimeout, "io-timeout", 5*time.Second, "per-call I/O deadline")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the measurement phase here")
@@ -369,7 +371,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	t, err := openTarget(targetConfig{kind: o.target, members: o.members, addr: o.addr, ns: o.ns,
-		conns: o.conns, batch: o.batch, ioTimeout: o.ioTimeout, getAuto: o.getAuto, bconc: o.bconc,
+		conns: o.conns, batch: o.batch, ioTimeout: o.ioTimeout, getAuto: o.getAuto, blocking: o.blocking, bconc: o.bconc,
 		poolSize: o.poolSize, file: o.file, verify: o.verify, transport: o.transport, rdmaProvider: o.rdmaProv,
 		tlsCA: o.tlsCA, tlsCert: o.tlsCert, tlsKey: o.tlsKey, token: o.token}, int64(o.size))
 	if err != nil {

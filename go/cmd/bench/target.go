@@ -44,6 +44,7 @@ type targetConfig struct {
 	batch     int
 	ioTimeout time.Duration
 	getAuto   bool
+	blocking  bool // client.Options.BlockingIO
 	bconc     int
 	poolSize  int
 	file      string // odirect

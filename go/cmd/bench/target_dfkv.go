@@ -67,6 +67,7 @@ func openDfkv(cfg targetConfig, size int64) (target, error) {
 		IOTimeout:        cfg.ioTimeout,
 		BatchConcurrency: bconc,
 		PoolSize:         pool,
+		BlockingIO:       cfg.blocking,
 		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 		RDMA:             rdma,
 	})
