@@ -87,6 +87,17 @@ def nodes(tmp_path):
         n.stop()
 
 
+def open_sockets() -> int:
+    """Sockets this process holds."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
 def members_of(ns) -> str:
     return ",".join(f"n{i + 1}={n.addr}" for i, n in enumerate(ns))
 
@@ -278,6 +289,10 @@ def test_threads_share_the_pool_and_close_is_safe(nodes, namespace):
     import dfkv
 
     ns = nodes(2)
+    warm = dfkv.Client(members_of(ns), namespace=namespace)  # the library's own descriptors
+    assert warm.put(b"w", b"w") and warm.get(b"w", 1) == b"w"
+    warm.close()
+    sockets_before = open_sockets()
     c = dfkv.Client(members_of(ns), namespace=namespace)
     keys = [b"t-%d" % i for i in range(64)]
     for k in keys:
@@ -308,6 +323,8 @@ def test_threads_share_the_pool_and_close_is_safe(nodes, namespace):
     [t.join(timeout=30) for t in ts]
     assert not any(t.is_alive() for t in ts)
     assert failures == []
+    # Every socket the C side held, idle or in use when the client closed, is closed.
+    assert open_sockets() == sockets_before
 
 
 def test_env_turns_the_fast_path_off(nodes):
