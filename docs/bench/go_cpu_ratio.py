@@ -15,29 +15,24 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchrun import process_cpu  # noqa: E402
 
 addr, spid, threads, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 bench = sys.argv[5] if len(sys.argv) > 5 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                              "..", "..", "build", "dfkv_bench")
-tick = os.sysconf("SC_CLK_TCK")
-
-
-def cpu(pid: int) -> float:
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / tick
-
 
 extra = sys.argv[6:]
 base = [bench, "--target", "dfkv", "--node", addr, "--op", "get", "--size", "1048576", "--conns", str(threads),
         "--keys", "384", "--ns", "gocpu", "--max-time", "60s", "--strict", "--json"] + extra
 subprocess.run(base + ["--duration", "0.5s", "--warmup", "0s", "--seed"], capture_output=True, check=True)
 for _ in range(rounds):
-    s0 = cpu(spid)
+    s0 = process_cpu(spid)
     p = subprocess.Popen(base + ["--duration", "3s", "--warmup", "0s"], stdout=subprocess.PIPE, text=True)
     out = p.stdout.read()
     _, status, ru = os.wait4(p.pid, 0)
-    s1 = cpu(spid)
+    s1 = process_cpu(spid)
     if status != 0:
         sys.exit("dfkv_bench failed")
     d = json.loads(out.strip().splitlines()[-1])

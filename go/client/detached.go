@@ -26,11 +26,16 @@ type DetachedInfo struct {
 // (Linux), and neither TLS (the bytes are not the socket's) nor RDMA (GETs may not go over
 // TCP).
 func (c *Client) Detachable() (DetachedInfo, bool) {
-	o := &c.opts
-	if !blockingSupported || !o.BlockingIO || o.TLS != nil || o.RDMA != nil {
+	if !c.detachable() {
 		return DetachedInfo{}, false
 	}
+	o := &c.opts
 	return DetachedInfo{Tenant: c.tenant, Namespace: append([]byte(nil), o.Namespace...), IOTimeout: o.IOTimeout, PoolSize: o.PoolSize}, true
+}
+
+func (c *Client) detachable() bool {
+	o := &c.opts
+	return blockingSupported && o.BlockingIO && o.TLS == nil && o.RDMA == nil
 }
 
 // errNotSocket: the transport is not a kernel socket (an in-memory or TLS dialer).
@@ -44,7 +49,7 @@ func (c *Client) DialDetached(addr string) (int, error) {
 	if c.closed.Load() {
 		return -1, ErrClosed
 	}
-	if _, ok := c.Detachable(); !ok {
+	if !c.detachable() {
 		return -1, errNotSocket
 	}
 	p := c.peerFor(Member{Addr: addr})

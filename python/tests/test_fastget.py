@@ -13,6 +13,7 @@ client dialed, routed by the ring the Go client published. What these tests pin 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -98,6 +99,18 @@ def open_sockets() -> int:
     return n
 
 
+@contextlib.contextmanager
+def client_on(ns, namespace):
+    """A client of the nodes ns, closed on the way out."""
+    import dfkv
+
+    c = dfkv.Client(members_of(ns), namespace=namespace)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
 def members_of(ns) -> str:
     return ",".join(f"n{i + 1}={n.addr}" for i, n in enumerate(ns))
 
@@ -116,11 +129,8 @@ def value(i: int) -> bytes:
 
 
 def test_fast_path_routes_like_go_on_three_nodes(nodes, namespace):
-    import dfkv
-
     ns = nodes(3)
-    c = dfkv.Client(members_of(ns), namespace=namespace)
-    try:
+    with client_on(ns, namespace) as c:
         n = 300
         for i in range(n):
             assert c.put(b"key-%d" % i, value(i))
@@ -149,19 +159,14 @@ def test_fast_path_routes_like_go_on_three_nodes(nodes, namespace):
         assert s1[moved] - s0.get(moved, 0) == want
         count = 'dfkv_client_op_duration_seconds_count{op="get"}'
         assert s1[count] - s0.get(count, 0) == served
-    finally:
-        c.close()
 
 
 def test_key_lengths_hash_as_go_does(nodes):
-    import dfkv
-
     ns = nodes(3)
     # SHA-256 block edges (55/56/64 bytes with the framing), multi-block and long keys, a
     # NUL-heavy binary key, and a long namespace.
     for namespace in (b"", b"n\x00s", bytes(range(256)) * 12):
-        c = dfkv.Client(members_of(ns), namespace=namespace)
-        try:
+        with client_on(ns, namespace) as c:
             keys = [b"k" * n for n in (1, 31, 32, 39, 40, 47, 48, 55, 56, 64, 119, 5000, 70000)]
             keys.append(bytes(300))
             for i, k in enumerate(keys):
@@ -172,16 +177,11 @@ def test_key_lengths_hash_as_go_does(nodes):
             s1 = stats(c)
             assert s1["dfkv_cabi_fast_gets_total"] - s0["dfkv_cabi_fast_gets_total"] == len(keys)
             assert s1["dfkv_cabi_fast_fallbacks_total"] == s0["dfkv_cabi_fast_fallbacks_total"]
-        finally:
-            c.close()
 
 
 def test_misses_and_size_contracts_answer_as_go_does(nodes, namespace):
-    import dfkv
-
     ns = nodes(1)
-    c = dfkv.Client(members_of(ns), namespace=namespace)
-    try:
+    with client_on(ns, namespace) as c:
         assert c.put(b"k", b"0123456789")
         s0 = stats(c)
         assert c.get_into(b"absent", bytearray(10)) is False
@@ -199,17 +199,12 @@ def test_misses_and_size_contracts_answer_as_go_does(nodes, namespace):
         s2 = stats(c)
         assert s2["dfkv_cabi_fast_fallbacks_total"] - s1["dfkv_cabi_fast_fallbacks_total"] == 2
         assert c.get(b"k", 10) == b"0123456789"
-    finally:
-        c.close()
 
 
 def test_dead_node_cools_down_and_others_stay_fast(nodes, namespace, monkeypatch):
-    import dfkv
-
     monkeypatch.setenv("DFKV_PEER_COOLDOWN_MS", "60000")
     ns = nodes(2)
-    c = dfkv.Client(members_of(ns), namespace=namespace)
-    try:
+    with client_on(ns, namespace) as c:
         keys = [b"d-%d" % i for i in range(40)]
         for k in keys:
             assert c.put(k, k * 10)
@@ -229,17 +224,12 @@ def test_dead_node_cools_down_and_others_stay_fast(nodes, namespace, monkeypatch
         for k in alive:
             assert c.get(k, len(k) * 10) == k * 10
         assert stats(c)["dfkv_cabi_fast_gets_total"] - s0["dfkv_cabi_fast_gets_total"] == len(alive)
-    finally:
-        c.close()
 
 
 def test_stalled_node_times_out_within_the_deadline(nodes, namespace, monkeypatch):
-    import dfkv
-
     monkeypatch.setenv("DFKV_IO_TIMEOUT_MS", "1000")
     ns = nodes(1)
-    c = dfkv.Client(members_of(ns), namespace=namespace)
-    try:
+    with client_on(ns, namespace) as c:
         assert c.put(b"s", b"x" * 1000)
         assert c.get(b"s", 1000) == b"x" * 1000  # a pooled socket in C
         os.kill(ns[0].proc.pid, signal.SIGSTOP)
@@ -256,16 +246,11 @@ def test_stalled_node_times_out_within_the_deadline(nodes, namespace, monkeypatc
         s = stats(c)
         assert s['dfkv_client_ops_total{op="get",result="error"}'] >= 1
         assert s["dfkv_client_peer_cooldowns_total"] >= 1
-    finally:
-        c.close()
 
 
 def test_restarted_node_stale_socket_is_replaced(nodes, namespace):
-    import dfkv
-
     ns = nodes(1)
-    c = dfkv.Client(members_of(ns), namespace=namespace)
-    try:
+    with client_on(ns, namespace) as c:
         assert c.put(b"r", b"persisted value")
         assert c.get(b"r", 15) == b"persisted value"
         ns[0].stop()
@@ -281,8 +266,6 @@ def test_restarted_node_stale_socket_is_replaced(nodes, namespace):
         s2 = stats(c)
         assert s2["dfkv_cabi_fast_gets_total"] - s1["dfkv_cabi_fast_gets_total"] == 1
         assert s2["dfkv_cabi_fast_dials_total"] - s1["dfkv_cabi_fast_dials_total"] == 1
-    finally:
-        c.close()
 
 
 def test_threads_share_the_pool_and_close_is_safe(nodes, namespace):
@@ -485,7 +468,7 @@ class FakeNode:
             return
 
 
-def test_misbehaving_server_never_yields_wrong_bytes(namespace, monkeypatch):
+def test_misbehaving_server_never_yields_wrong_bytes(lib, namespace, monkeypatch):
     """Each malformed reply, seen first by the C side, is either a clean failure or the Go
     client's answer after it repeats the request: never a hit with bytes the server did not
     store for that key, never a hang."""
@@ -493,9 +476,6 @@ def test_misbehaving_server_never_yields_wrong_bytes(namespace, monkeypatch):
 
     monkeypatch.setenv("DFKV_IO_TIMEOUT_MS", "2000")
     monkeypatch.setenv("DFKV_PEER_COOLDOWN_MS", "1")  # every case starts from a usable peer
-    if missing_build():
-        pytest.skip(missing_build())
-    os.environ.setdefault("DFKV_LIB", str(LIB_PATH))
     node = FakeNode()
     c = dfkv.Client(f"f1={node.addr}", namespace=namespace)
     try:

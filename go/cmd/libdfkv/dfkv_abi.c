@@ -5,7 +5,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "dfkv.h"
 #include "fastget.h"
@@ -99,17 +98,11 @@ static void caller_exit(void* p) {
 static void caller_make_key(void) { caller_key_ok = pthread_key_create(&caller_key, caller_exit) == 0; }
 int dfkvc_caller_threads(void) { return atomic_load(&caller_threads); }
 
-static long long mono_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
 static void caller_tick(void) {
   pthread_once(&caller_once, caller_make_key);
   if (!caller_key_ok) return; /* no key: callers go untracked and never yield */
   struct caller* c = pthread_getspecific(caller_key);
-  long long now = mono_ns();
+  long long now = dfkvc_mono_ns();
   if (c == NULL) {
     c = calloc(1, sizeof *c);
     if (c == NULL) return; /* out of memory: this thread is simply not tracked */

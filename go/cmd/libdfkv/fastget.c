@@ -226,11 +226,12 @@ static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static void on_fork_child(void) { atomic_store(&forked, 1); }
 static void fork_hook(void) { pthread_atfork(NULL, NULL, on_fork_child); }
 
-static long long mono_now(void) {
+long long dfkvc_mono_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
+#define mono_now dfkvc_mono_ns
 static long long unix_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
@@ -479,6 +480,19 @@ static int arm(struct fconn* f, long long deadline) {
   return 0;
 }
 
+/* retry_or_fail classifies a failed socket call (errno set): 0 to repeat it (EINTR, or a
+ * socket timeout that fired before the deadline: re-armed with what remains), else
+ * -ETIMEDOUT or -errno (fdConn.retry in go/client/fdio_linux.go). */
+static int retry_or_fail(struct fconn* f, long long deadline) {
+  if (errno == EINTR) return 0;
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    if (mono_now() >= deadline) return -ETIMEDOUT;
+    f->armed = 0;
+    return 0;
+  }
+  return -errno;
+}
+
 /* io_full sends or receives exactly n bytes: 0, -ETIMEDOUT past the deadline, FAST_EOF when
  * the peer closed, or -errno. */
 static int io_full(struct fconn* f, int sending, unsigned char* p, size_t n, long long deadline) {
@@ -487,15 +501,9 @@ static int io_full(struct fconn* f, int sending, unsigned char* p, size_t n, lon
     if (a != 0) return a;
     ssize_t r = sending ? send(f->fd, p, n, MSG_NOSIGNAL) : recv(f->fd, p, n, MSG_WAITALL);
     if (r < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (mono_now() < deadline) {
-          f->armed = 0; /* the armed timeout was longer ago than what remains: re-arm */
-          continue;
-        }
-        return -ETIMEDOUT;
-      }
-      return -errno;
+      int e = retry_or_fail(f, deadline);
+      if (e == 0) continue;
+      return e;
     }
     if (r == 0) return FAST_EOF;
     p += r;
@@ -517,15 +525,9 @@ static int recv_head(struct fconn* f, unsigned char* hdr, void* buf, uint64_t n,
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
     ssize_t r = recvmsg(f->fd, &m, 0);
     if (r < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (mono_now() < deadline) {
-          f->armed = 0;
-          continue;
-        }
-        return -ETIMEDOUT;
-      }
-      return -errno;
+      int e = retry_or_fail(f, deadline);
+      if (e == 0) continue;
+      return e;
     }
     if (r == 0) return FAST_EOF;
     have += (size_t)r;

@@ -33,6 +33,8 @@ size_t dfkvc_fast_take(uintptr_t id, uint64_t* lat_ns, size_t cap, uint64_t* hit
 void dfkvc_fast_counts(uintptr_t id, uint64_t* gets, uint64_t* fallbacks, uint64_t* dials,
                        uint64_t* conns, uint64_t* members);
 void dfkvc_fast_close(uintptr_t id);
+/* CLOCK_MONOTONIC in nanoseconds (shared with dfkv_abi.c's caller tracking). */
+long long dfkvc_mono_ns(void);
 /* Why the fast path is off in this process ("" when it is available): SHA-256 not found. */
 const char* dfkvc_fast_unavailable(void);
 
