@@ -49,7 +49,7 @@ func EncodeHello(h Hello) []byte {
 
 // DecodeHello parses a Hello table; malformed input is an error, never a panic.
 func DecodeHello(buf []byte) (h Hello, err error) {
-	err = safeTable(buf, func() {
+	err = safeTable(buf, func(buf []byte) {
 		t := fb.GetRootAsHello(buf, 0)
 		h = Hello{
 			ProtocolVersion: t.ProtocolVersion(), MinProtocolVersion: t.MinProtocolVersion(),
@@ -110,7 +110,7 @@ func EncodeStats(stats map[string]float64) []byte {
 // DecodeStats parses a StatsReply table.
 func DecodeStats(buf []byte) (map[string]float64, error) {
 	out := map[string]float64{}
-	err := safeTable(buf, func() {
+	err := safeTable(buf, func(buf []byte) {
 		t := fb.GetRootAsStatsReply(buf, 0)
 		n := t.EntriesLength()
 		if n > len(buf)/4 {
@@ -131,8 +131,9 @@ func DecodeStats(buf []byte) (map[string]float64, error) {
 
 // safeTable runs a generated-accessor decode over untrusted bytes. The generated Go code
 // has no verifier and indexes slices directly, so a hostile offset panics; the panic is
-// contained here and turned into ErrMalformed.
-func safeTable(buf []byte, decode func()) (err error) {
+// contained here and turned into ErrMalformed. decode gets buf clipped to its length
+// (ClipTable): it must read the table through that slice only.
+func safeTable(buf []byte, decode func(buf []byte)) (err error) {
 	if len(buf) < 8 {
 		return fmt.Errorf("%w: %d-byte table", ErrMalformed, len(buf))
 	}
@@ -144,6 +145,13 @@ func safeTable(buf []byte, decode func()) (err error) {
 			err = fmt.Errorf("%w: %v", ErrMalformed, r)
 		}
 	}()
-	decode()
+	decode(ClipTable(buf))
 	return nil
 }
+
+// ClipTable returns buf with its capacity cut to its length. FlatBuffers' Go accessors
+// slice vectors and strings as Bytes[start:start+n], which Go allows up to the capacity,
+// not the length: over a frame that is a window of a larger buffer (a reader's, the fuzz
+// engine's), a hostile length would read the bytes after the frame instead of panicking.
+// Every decoder of untrusted tables reads through a clipped slice.
+func ClipTable(buf []byte) []byte { return buf[:len(buf):len(buf)] }

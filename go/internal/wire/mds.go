@@ -353,9 +353,9 @@ func readTopology(t *fb.Topology, bufLen int) Topology {
 }
 
 // safeMds runs decode under safeTable and maps a limit panic to ErrLimit.
-func safeMds(what string, buf []byte, decode func()) error {
+func safeMds(what string, buf []byte, decode func(buf []byte)) error {
 	var lim *limitErr
-	err := safeTable(buf, func() {
+	err := safeTable(buf, func(buf []byte) {
 		defer func() {
 			if r := recover(); r != nil {
 				if l, ok := r.(limitErr); ok {
@@ -365,7 +365,7 @@ func safeMds(what string, buf []byte, decode func()) error {
 				panic(r)
 			}
 		}()
-		decode()
+		decode(buf)
 	})
 	if err != nil {
 		return fmt.Errorf("wire: %s: %w", what, err)
@@ -378,7 +378,7 @@ func safeMds(what string, buf []byte, decode func()) error {
 
 // DecodeMdsRequest parses an MdsRequest table; malformed input is an error, never a panic.
 func DecodeMdsRequest(buf []byte) (r MdsRequest, err error) {
-	err = safeMds("mds request", buf, func() {
+	err = safeMds("mds request", buf, func(buf []byte) {
 		t := fb.GetRootAsMdsRequest(buf, 0)
 		r = MdsRequest{Op: t.Op(), Group: str("group", t.Group(), MaxMdsIDLen), KnownMembersEpoch: t.KnownMembersEpoch(),
 			Token: str("token", t.Token(), MaxTokenLen)}
@@ -404,7 +404,7 @@ func DecodeMdsRequest(buf []byte) (r MdsRequest, err error) {
 
 // DecodeMdsResponse parses an MdsResponse table.
 func DecodeMdsResponse(buf []byte) (r MdsResponse, err error) {
-	err = safeMds("mds response", buf, func() {
+	err = safeMds("mds response", buf, func(buf []byte) {
 		t := fb.GetRootAsMdsResponse(buf, 0)
 		r = MdsResponse{Status: fb.Status(t.Status()), Error: str("error", t.Error(), MaxMdsStringLen), LeaseTTLMS: t.LeaseTtlMs()}
 		var topo fb.Topology
@@ -435,13 +435,13 @@ func DecodeMdsResponse(buf []byte) (r MdsResponse, err error) {
 
 // DecodeMember parses a standalone Member table.
 func DecodeMember(buf []byte) (m Member, err error) {
-	err = safeMds("member", buf, func() { m = readMember(fb.GetRootAsMember(buf, 0), len(buf)) })
+	err = safeMds("member", buf, func(buf []byte) { m = readMember(fb.GetRootAsMember(buf, 0), len(buf)) })
 	return m, err
 }
 
 // DecodeClientInfo parses a standalone ClientInfo table.
 func DecodeClientInfo(buf []byte) (c ClientInfo, err error) {
-	err = safeMds("client info", buf, func() { c = readClient(fb.GetRootAsClientInfo(buf, 0), len(buf)) })
+	err = safeMds("client info", buf, func(buf []byte) { c = readClient(fb.GetRootAsClientInfo(buf, 0), len(buf)) })
 	return c, err
 }
 

@@ -200,6 +200,9 @@ func decode(buf []byte) (t Tail, magic uint32, err error) {
 			err = fmt.Errorf("%w: %v", ErrMalformed, r)
 		}
 	}()
+	// A string or vector whose length runs past the tail must panic here, not read what
+	// follows the tail in its backing array.
+	buf = wire.ClipTable(buf)
 	x := fb.GetRootAsDcpTail(buf, 0)
 	magic = x.Magic()
 	t = Tail{Version: x.ProtocolVersion(), MaxBlock: x.MaxBlock(), Depth: x.Depth(), MaxTargets: x.MaxTargets()}
@@ -253,7 +256,7 @@ func checkCommon(t Tail, magic uint32, lim Limits) error {
 	}
 	for i, r := range t.Rails {
 		if r.Device == "" || len(r.Device) > 64 || !printable(r.Device) {
-			return refuse("rail %d device name %q", i, r.Device)
+			return refuse("rail %d device name %q (%d bytes)", i, clip(r.Device, 64), len(r.Device))
 		}
 		if r.Port == 0 {
 			return refuse("rail %d port 0", i)
@@ -288,6 +291,14 @@ func checkCommon(t Tail, magic uint32, lim Limits) error {
 		return refuse("max targets %d (1..%d)", t.MaxTargets, lim.MaxTargets)
 	}
 	return nil
+}
+
+// clip bounds what an error message quotes of a peer's string.
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }
 
 func printable(s string) bool {

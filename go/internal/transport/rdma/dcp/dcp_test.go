@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/dfkv/dfkv/go/internal/testutil"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 )
 
@@ -150,9 +151,10 @@ func TestBadTails(t *testing.T) {
 }
 
 // FuzzDecodeDcp feeds arbitrary bytes to the server's decoder (offers); an accepted offer
-// must survive re-encoding. FuzzDecodeDcpAnswer does the client's. (One target running both
-// made Go 1.26's fuzz worker grow past 1.5 GB and stall after ~40k execs, with a recorded
-// input that passes on its own; split, each runs clean. Unexplained: see the closing note.)
+// must survive re-encoding. FuzzDecodeDcpAnswer does the client's. (The worker once grew
+// past 1.5 GB and stalled, with a recorded input that passed on its own: the decoder read
+// strings up to the input's capacity, the engine's 100 MB buffer, and quoted them in its
+// errors. TestTailStaysInsideItsBytes holds that shut.)
 func FuzzDecodeDcp(f *testing.F) {
 	o := offerV2()
 	f.Add(Encode(o))
@@ -230,5 +232,35 @@ func TestNotifyInfo(t *testing.T) {
 		if _, err := DecodeOffer(Encode(o), DefaultLimits); !errors.Is(err, ErrRefused) {
 			t.Errorf("%s: %v, want refused", name, err)
 		}
+	}
+}
+
+// TestTailStaysInsideItsBytes: a device name whose length runs past the tail is malformed,
+// also when the tail is a window of a larger buffer. Before the decoder clipped its input,
+// such a name read the bytes after the tail (up to the fuzz engine's 100 MB input buffer,
+// which is what stalled FuzzDecodeDcp's worker).
+func TestTailStaysInsideItsBytes(t *testing.T) {
+	o := offerV2()
+	o.Rails[0].Device = "dev-name-0"
+	frame := Encode(o)
+	if _, err := DecodeOffer(frame, DefaultLimits); err != nil {
+		t.Fatalf("intact tail: %v", err)
+	}
+	bad, err := testutil.OverrunString(frame, "dev-name-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DecodeOffer(bad, DefaultLimits); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("device name running past the tail: err %v, want ErrMalformed", err)
+	}
+}
+
+// A refusal quotes at most 64 bytes of a peer's device name.
+func TestRefusalQuotesABoundedName(t *testing.T) {
+	o := offerV2()
+	o.Rails[0].Device = string(make([]byte, 4000))
+	_, err := DecodeOffer(Encode(o), DefaultLimits)
+	if !errors.Is(err, ErrRefused) || len(err.Error()) > 400 {
+		t.Fatalf("err of %d bytes: %v", len(err.Error()), err)
 	}
 }
