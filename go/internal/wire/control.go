@@ -129,11 +129,18 @@ func DecodeStats(buf []byte) (map[string]float64, error) {
 	return out, nil
 }
 
-// safeTable runs a generated-accessor decode over untrusted bytes. The generated Go code
-// has no verifier and indexes slices directly, so a hostile offset panics; the panic is
-// contained here and turned into ErrMalformed. decode gets buf clipped to its length
-// (ClipTable): it must read the table through that slice only.
-func safeTable(buf []byte, decode func(buf []byte)) (err error) {
+// safeTable is DecodeTable for a decode that reports nothing but panics.
+func safeTable(buf []byte, decode func(buf []byte)) error {
+	return DecodeTable(buf, func(b []byte) error { decode(b); return nil })
+}
+
+// DecodeTable runs a generated-accessor decode over untrusted bytes: the one guard every
+// FlatBuffers decoder of the project goes through. The generated Go code has no verifier
+// and indexes slices directly, so a hostile offset panics; the panic is contained here and
+// turned into ErrMalformed, as are a buffer too short for a root and a root offset past
+// its end. decode gets buf clipped to its length (ClipTable) and must read the table
+// through that slice only; its own error is returned as it is.
+func DecodeTable(buf []byte, decode func(buf []byte) error) (err error) {
 	if len(buf) < 8 {
 		return fmt.Errorf("%w: %d-byte table", ErrMalformed, len(buf))
 	}
@@ -145,8 +152,7 @@ func safeTable(buf []byte, decode func(buf []byte)) (err error) {
 			err = fmt.Errorf("%w: %v", ErrMalformed, r)
 		}
 	}()
-	decode(ClipTable(buf))
-	return nil
+	return decode(ClipTable(buf))
 }
 
 // ClipTable returns buf with its capacity cut to its length. FlatBuffers' Go accessors

@@ -184,52 +184,48 @@ func encode(t Tail, magic uint32) []byte {
 	return b.FinishedBytes()
 }
 
-// decode parses the table without judging it; malformed input is an error, never a panic.
+// decode parses the table without judging it; malformed input is an error, never a panic
+// (wire.DecodeTable's guard, which also keeps every read inside buf).
 func decode(buf []byte) (t Tail, magic uint32, err error) {
 	if len(buf) > MaxTailBytes {
 		return Tail{}, 0, fmt.Errorf("%w: tail of %d bytes (max %d)", ErrRefused, len(buf), MaxTailBytes)
 	}
-	if len(buf) < 8 {
-		return Tail{}, 0, fmt.Errorf("%w: %d bytes", ErrMalformed, len(buf))
-	}
-	if root := flatbuffers.GetUOffsetT(buf); uint64(root)+4 > uint64(len(buf)) {
-		return Tail{}, 0, fmt.Errorf("%w: root offset %d beyond %d bytes", ErrMalformed, root, len(buf))
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", ErrMalformed, r)
+	err = wire.DecodeTable(buf, func(buf []byte) error {
+		x := fb.GetRootAsDcpTail(buf, 0)
+		magic = x.Magic()
+		t = Tail{Version: x.ProtocolVersion(), MaxBlock: x.MaxBlock(), Depth: x.Depth(), MaxTargets: x.MaxTargets()}
+		if x.RailsLength() > 64 || x.SegmentsLength() > 64 || x.OptionsLength() > 64 {
+			return fmt.Errorf("%w: %d rails, %d segments, %d options", ErrRefused, x.RailsLength(), x.SegmentsLength(), x.OptionsLength())
 		}
-	}()
-	// A string or vector whose length runs past the tail must panic here, not read what
-	// follows the tail in its backing array.
-	buf = wire.ClipTable(buf)
-	x := fb.GetRootAsDcpTail(buf, 0)
-	magic = x.Magic()
-	t = Tail{Version: x.ProtocolVersion(), MaxBlock: x.MaxBlock(), Depth: x.Depth(), MaxTargets: x.MaxTargets()}
-	if x.RailsLength() > 64 || x.SegmentsLength() > 64 || x.OptionsLength() > 64 {
-		return Tail{}, 0, fmt.Errorf("%w: %d rails, %d segments, %d options", ErrRefused, x.RailsLength(), x.SegmentsLength(), x.OptionsLength())
-	}
-	var q fb.QpInfo
-	for i := range x.RailsLength() {
-		if !x.Rails(&q, i) {
-			return Tail{}, 0, fmt.Errorf("%w: rail %d", ErrMalformed, i)
+		var q fb.QpInfo
+		for i := range x.RailsLength() {
+			if !x.Rails(&q, i) {
+				return fmt.Errorf("%w: rail %d", ErrMalformed, i)
+			}
+			r := Rail{Device: string(q.Device()), Port: q.Port(), LID: q.Lid(), QPNum: q.QpNum(), PSN: q.Psn(), MTU: q.Mtu()}
+			if n := q.GidLength(); n != 16 {
+				return fmt.Errorf("%w: rail %d GID of %d bytes", ErrRefused, i, n)
+			}
+			copy(r.GID[:], q.GidBytes())
+			t.Rails = append(t.Rails, r)
 		}
-		r := Rail{Device: string(q.Device()), Port: q.Port(), LID: q.Lid(), QPNum: q.QpNum(), PSN: q.Psn(), MTU: q.Mtu()}
-		if n := q.GidLength(); n != 16 {
-			return Tail{}, 0, fmt.Errorf("%w: rail %d GID of %d bytes", ErrRefused, i, n)
+		var s fb.RecvSegment
+		for i := range x.SegmentsLength() {
+			if !x.Segments(&s, i) {
+				return fmt.Errorf("%w: segment %d", ErrMalformed, i)
+			}
+			t.Segments = append(t.Segments, Segment{Addr: s.Addr(), RKey: s.Rkey(), Length: s.Length(), SlotBytes: s.SlotBytes(), Slots: s.Slots()})
 		}
-		copy(r.GID[:], q.GidBytes())
-		t.Rails = append(t.Rails, r)
-	}
-	var s fb.RecvSegment
-	for i := range x.SegmentsLength() {
-		if !x.Segments(&s, i) {
-			return Tail{}, 0, fmt.Errorf("%w: segment %d", ErrMalformed, i)
+		if n := x.Notify(nil); n != nil {
+			t.Notify = &Notify{QPNum: n.QpNum(), PSN: n.Psn(), RecvCredits: n.RecvCredits(), MaxMsg: n.MaxMsg()}
 		}
-		t.Segments = append(t.Segments, Segment{Addr: s.Addr(), RKey: s.Rkey(), Length: s.Length(), SlotBytes: s.SlotBytes(), Slots: s.Slots()})
+		return nil
+	})
+	if errors.Is(err, wire.ErrMalformed) {
+		err = fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if n := x.Notify(nil); n != nil {
-		t.Notify = &Notify{QPNum: n.QpNum(), PSN: n.Psn(), RecvCredits: n.RecvCredits(), MaxMsg: n.MaxMsg()}
+	if err != nil {
+		return Tail{}, 0, err
 	}
 	return t, magic, nil
 }
