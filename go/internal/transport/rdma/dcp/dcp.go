@@ -222,7 +222,7 @@ func decode(buf []byte) (t Tail, magic uint32, err error) {
 		return nil
 	})
 	if errors.Is(err, wire.ErrMalformed) {
-		err = fmt.Errorf("%w: %v", ErrMalformed, err)
+		err = fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	if err != nil {
 		return Tail{}, 0, err
