@@ -1,14 +1,19 @@
 {
   description = "dfkv: distributed KV cache for LLM inference";
 
-  # The only input. `nix develop` / `nix build` fetch it; evaluating the flake's structure
-  # does not (see docs/BUILD.md for what was verified where).
-  inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
+  # The only input, pinned to one nixos-unstable commit (2026-09-22) so that `nix develop`
+  # gives the same toolchain every time; flake.lock records the same rev with its narHash.
+  # Why this one and how to move it: docs/BUILD.md, "Nix: the pinned nixpkgs". `nix develop`
+  # / `nix build` fetch it; evaluating the flake's structure does not.
+  inputs.nixpkgs.url = "github:NixOS/nixpkgs/6774f7bc253789b113a4f39285dc0fa100abeacc";
 
   outputs = { self, nixpkgs }:
     let
       systems = [ "x86_64-linux" "aarch64-linux" ];
       forAll = f: nixpkgs.lib.genAttrs systems (system: f nixpkgs.legacyPackages.${system});
+      # go.mod needs Go >= 1.26: named explicitly, so a bump of nixpkgs' default `go` cannot
+      # change the toolchain under us.
+      goFor = pkgs: pkgs.go_1_26;
       version = nixpkgs.lib.fileContents ./VERSION;
     in
     {
@@ -19,7 +24,7 @@
         # systems tools/bench compares against.
         default = pkgs.mkShell {
           packages = with pkgs; [
-            go
+            (goFor pkgs)
             bazel_7
             gazelle
             flatbuffers # flatc; tools/gen.sh --check fails loudly if its version != go.mod's
@@ -44,7 +49,7 @@
           # vendorHash: the NAR hash of the `go mod vendor` tree (what buildGoModule's
           # goModules derivation produces), computed with Debian's nix-bin 2.8 by
           # tools/nix-vendor-hash.sh; rerun it after any go.mod/go.sum/import change.
-          dfkv = pkgs.buildGoModule {
+          dfkv = (pkgs.buildGoModule.override { go = goFor pkgs; }) {
             pname = "dfkv";
             inherit version;
             src = nixpkgs.lib.cleanSource ./.;

@@ -89,6 +89,18 @@ tools/gen.sh --check
 step "generated ctypes declarations (python/dfkv/_abi.py) match dfkv.h"
 "$py" tools/gen_ctypes.py --check
 
+# flake.nix pins nixpkgs to one commit (flake.lock records it with its narHash; docs/BUILD.md
+# "Nix: the pinned nixpkgs"). nixpkgs is not fetched here: the flake's outputs are evaluated
+# against tools/nix-stub, and flake.lock must agree with flake.nix (--no-update-lock-file).
+step "nix: flake.lock matches flake.nix; the outputs evaluate against tools/nix-stub"
+if ! command -v nix >/dev/null; then
+  echo "installing nix-bin with apt-get (evaluation only; nothing is built)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nix-bin >/dev/null
+fi
+nixf=(nix --extra-experimental-features 'nix-command flakes')
+timeout 300 "${nixf[@]}" flake metadata --offline --no-update-lock-file >/dev/null
+timeout 300 "${nixf[@]}" flake check --no-build --override-input nixpkgs path:tools/nix-stub
+
 step "build"
 tools/build.sh
 export DFKV_BIN_DIR=$root/build DFKV_LIB=$root/build/libdfkv.so DFKV_SERVER=$root/build/dfkv_server
