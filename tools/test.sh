@@ -2,8 +2,9 @@
 # Runs every dfkv check and test, from a fresh machine: installs what is missing (Python
 # test packages; gcc from Debian if absent), checks formatting, vet and generated code,
 # builds every artifact, runs the Go tests with -race (unit, end-to-end with the real
-# binaries, the C ABI program), a short fuzz pass over every decoder, and the Python suite
-# against the real libdfkv.so and dfkv_server.
+# binaries, the C ABI program), a short fuzz pass over every decoder, the Python suite
+# against the real libdfkv.so and dfkv_server, the README's Python example after
+# `pip install ./python` in a fresh venv, and the pdoc API reference.
 #
 # Then the Bazel route (tools/bazel; docs/BUILD.md): the BUILD files and MODULE.bazel are
 # what gazelle generates, every target builds, `bazel test //...` passes (Go tests incl.
@@ -209,6 +210,14 @@ step "python tests"
 # Any skip or xfail not in python/tests/skip-allowlist.txt fails the run; all are printed.
 (cd python && PYTHONPATH="$root/tools${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -rs \
   -p pytest_skipguard --skip-allowlist tests/skip-allowlist.txt tests)
+
+step "python: pip install ./python in a fresh venv, then the README's example from outside the checkout"
+# tools/readme-python.sh: no DFKV_LIB, a real dfkv_server on --port 0; also the Go-less install
+# failing with its one line. pip fetches setuptools from PyPI for the isolated build.
+tools/readme-python.sh
+
+step "python: the API reference renders (pdoc, into build/pydoc)"
+tools/pydoc.sh
 
 if [ $bazel = 1 ]; then
   # Stop this workspace's Bazel server when done (CI machines should not keep a JVM around).

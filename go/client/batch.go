@@ -189,8 +189,11 @@ func (c *Client) checkItem(op fb.Op, it *Item) error {
 			return fmt.Errorf("dfkv: %d segments (max %d): %w", len(segs), c.opts.Limits.MaxSgSegs, ErrInvalid)
 		}
 		n := segsLen(segs)
-		if n == 0 || n > c.opts.Limits.MaxValue {
-			return fmt.Errorf("dfkv: value/buffer of %d bytes: %w", n, ErrInvalid)
+		if n == 0 {
+			return fmt.Errorf("dfkv: empty value/buffer: %w", ErrInvalid)
+		}
+		if n > c.opts.Limits.MaxValue {
+			return fmt.Errorf("dfkv: value/buffer of %d bytes exceeds max value %d: %w: %w", n, c.opts.Limits.MaxValue, ErrTooLarge, ErrInvalid)
 		}
 	}
 	return nil

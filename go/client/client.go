@@ -284,7 +284,7 @@ func (c *Client) PutSegs(ctx context.Context, key []byte, segs [][]byte) error {
 		return fmt.Errorf("dfkv: put: empty value: %w", ErrInvalid)
 	}
 	if total > c.opts.Limits.MaxValue {
-		return fmt.Errorf("dfkv: put: %d bytes exceeds max value %d: %w", total, c.opts.Limits.MaxValue, ErrInvalid)
+		return fmt.Errorf("dfkv: put: %d bytes exceeds max value %d: %w: %w", total, c.opts.Limits.MaxValue, ErrTooLarge, ErrInvalid)
 	}
 	id := c.ID(key)
 	p, err := c.route(id)
@@ -293,7 +293,7 @@ func (c *Client) PutSegs(ctx context.Context, key []byte, segs [][]byte) error {
 		if c.opts.RDMA == nil || total > c.rdmaBlock() {
 			// TCP: no RDMA, or larger than the declared RDMA block
 		} else if done, rerr := c.rdmaExec(ctx, p, op); done {
-			err = rdmaStatus(rerr, op)
+			err = tooLargeFor(p, total, rdmaStatus(rerr, op))
 			c.m.done(opPut, err, int64(total), start)
 			return err
 		}
@@ -308,8 +308,21 @@ func (c *Client) PutSegs(ctx context.Context, key []byte, segs [][]byte) error {
 			}
 			return statusReply(resp)
 		})
+		err = tooLargeFor(p, total, err)
 	}
 	c.m.done(opPut, err, int64(total), start)
+	return err
+}
+
+// tooLargeFor names a server's refusal of a value over the max value size it advertised in
+// HELLO (it answers Invalid) as ErrTooLarge, so callers can tell it from other refusals.
+func tooLargeFor(p *peer, total uint64, err error) error {
+	if !errors.Is(err, ErrInvalid) || errors.Is(err, ErrTooLarge) {
+		return err
+	}
+	if h := p.limits.Load(); h != nil && h.MaxValueBytes > 0 && total > h.MaxValueBytes {
+		return fmt.Errorf("dfkv: put: %d bytes exceeds the node's max value %d: %w: %w", total, h.MaxValueBytes, ErrTooLarge, err)
+	}
 	return err
 }
 

@@ -28,6 +28,9 @@ var (
 	// server (or the client has tiers and the server publishes no rails). Client-local: the
 	// op goes over TCP and the peer's health is untouched (docs/RDMA.md §4).
 	ErrNoCompatibleRail = errors.New("dfkv: no compatible RDMA rail")
+	// ErrTooLarge: a value larger than the client's max value size (Limits.MaxValue). It is
+	// reported together with ErrInvalid (errors.Is matches both), as before it existed.
+	ErrTooLarge = errors.New("dfkv: value too large")
 )
 
 func statusErr(st fb.Status) error {

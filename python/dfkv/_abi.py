@@ -4,12 +4,27 @@ tools/gen_ctypes.py. Do not edit: change the header and rerun the generator
 
 from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_uint32, c_uint64, c_void_p
 
-__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "ClientOptionsV2", "PROTOTYPES"]
+__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "STATUS_OK", "STATUS_NOT_FOUND", "STATUS_UNAVAILABLE", "STATUS_TIMEOUT", "STATUS_FORBIDDEN", "STATUS_TOO_LARGE", "STATUS_BUFFER_TOO_SMALL", "STATUS_CACHE_FULL", "STATUS_QUOTA_EXCEEDED", "STATUS_BUSY", "STATUS_IO_ERROR", "STATUS_INVALID", "STATUS_PROTOCOL", "STATUS_CLOSED", "STATUS_INTERNAL", "ClientOptionsV2", "PROTOTYPES"]
 
 # Constants (#define).
 ABI_VERSION = 2
 CLIENT_OPT_REGISTER_WITH_MDS = (1 << 0)
 CLIENT_OPT_RDMA = (1 << 1)
+STATUS_OK = 0
+STATUS_NOT_FOUND = 1
+STATUS_UNAVAILABLE = 2
+STATUS_TIMEOUT = 3
+STATUS_FORBIDDEN = 4
+STATUS_TOO_LARGE = 5
+STATUS_BUFFER_TOO_SMALL = 6
+STATUS_CACHE_FULL = 7
+STATUS_QUOTA_EXCEEDED = 8
+STATUS_BUSY = 9
+STATUS_IO_ERROR = 10
+STATUS_INVALID = 11
+STATUS_PROTOCOL = 12
+STATUS_CLOSED = 13
+STATUS_INTERNAL = 14
 
 
 class ClientOptionsV2(Structure):
@@ -81,4 +96,6 @@ PROTOTYPES = {
     "dfkv_batch_exist_lease": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), c_int, c_uint32, POINTER(c_int)]),
     # dfkv_max_value_size(c)
     "dfkv_max_value_size": (c_uint64, [c_void_p]),
+    # dfkv_last_status(c)
+    "dfkv_last_status": (c_int, [c_void_p]),
 }

@@ -81,6 +81,7 @@ class RawBuffer:
         self.device = device
 
     def data_ptr(self) -> int:
+        """The address (torch-style ``data_ptr()``, so RawBuffer passes where a tensor would)."""
         return self.addr
 
     def __repr__(self) -> str:
@@ -151,6 +152,7 @@ class Pins:
         self.release()
 
     def release(self) -> None:
+        """Drop every pin taken so far (idempotent)."""
         views, self._views = self._views, []
         for v in views:
             _release_buffer(ctypes.byref(v))

@@ -29,6 +29,7 @@ from typing import List, Optional
 
 from . import _abi
 from ._abi import ABI_VERSION, CLIENT_OPT_RDMA, CLIENT_OPT_REGISTER_WITH_MDS, ClientOptionsV2
+from .errors import DfkvError  # defined with the other exceptions; re-exported here as before
 
 __all__ = [
     "ABI_VERSION",
@@ -44,13 +45,6 @@ __all__ = [
 ]
 
 LIB_NAME = "libdfkv.so"
-
-
-class DfkvError(Exception):
-    """Misuse of the binding: closed client, bad arguments, open or load failure.
-
-    Cache misses and failed operations are never exceptions (None / False instead).
-    """
 
 
 _lock = threading.Lock()
@@ -131,4 +125,5 @@ def is_loaded() -> bool:
 
 
 def loaded_path() -> Optional[str]:
+    """The path the library was loaded from, None before the first ``load()``."""
     return _lib_path

@@ -5,9 +5,25 @@ the library (see ``_buffers``): values are never copied on the way in, and reads
 in caller buffers (``get_into``, ``get_auto(key, buf)``, the batch and scatter-gather forms).
 The library releases the GIL during calls (ctypes does), so threads overlap their I/O.
 
-Error model: ``DfkvError`` means misuse — a closed client, bad arguments, a library that
-cannot be loaded or options it refuses. Misses and failed operations are ordinary results
-(``None`` / ``False`` / ``(False, 0)``), never exceptions, because a KV cache miss is routine.
+Quick start::
+
+    import dfkv
+
+    with dfkv.Client("n1=127.0.0.1:12000", namespace=b"my-model") as c:
+        c.set(b"k", b"value")          # raises dfkv.Error subclasses on failure
+        c.get(b"k")                    # b"value"; None on a miss
+
+Error model: a miss is never an exception (``None`` / ``False``). Two families of calls:
+
+* the defaults — ``get(key)`` (no size) and ``set(key, value)`` — raise a ``dfkv.Error``
+  subclass for every failure other than a miss (``Unavailable``, ``Timeout``, ``Forbidden``,
+  ``TooLarge``, ...; see ``dfkv.errors``), mapped from the C ABI's ``dfkv_last_status``;
+* the engine-style calls — ``put``, ``get(key, size)``, ``get_into``, ``get_auto``, ``exist``,
+  ``remove`` and the batch and scatter-gather calls — return False / None on any failure, so
+  a hot path never pays for an exception; ``last_error()`` says why.
+
+``DfkvError`` (a ``dfkv.Error``) means misuse in both: a closed client, bad arguments, a
+library that cannot be loaded or options it refuses.
 
 Fork safety: the library is loaded when the first client opens, never at import. A client
 (or a loaded library) inherited through ``fork()`` refuses to be used in the child; open a
@@ -29,6 +45,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from . import _lib, identity
 from ._buffers import Pins, RawBuffer, new_bytes
 from ._lib import ABI_VERSION, CLIENT_OPT_REGISTER_WITH_MDS, ClientOptionsV2, DfkvError
+from ._abi import STATUS_NOT_FOUND
+from .errors import Error, error_for_status
 
 __all__ = ["Client", "MAX_VALUE_SIZE", "build_options", "version"]
 
@@ -302,6 +320,7 @@ class Client:
     # -- lifecycle ----------------------------------------------------------------------
 
     def __enter__(self) -> "Client":
+        """``with dfkv.Client(...) as c:`` closes the client when the block ends."""
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -319,6 +338,7 @@ class Client:
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` has run (or the client was inherited through ``fork()``)."""
         return self._h is None
 
     @property
@@ -387,7 +407,8 @@ class Client:
     # -- single-key operations ------------------------------------------------------------
 
     def put(self, key: Any, value: Any) -> bool:
-        """Store ``value`` (any buffer; zero-length values are rejected: False)."""
+        """Store ``value`` (any buffer) under ``key``: True, or False on any failure
+        (zero-length values included; ``last_error()`` says why). ``set`` raises instead."""
         if type(key) is bytes and type(value) is bytes:
             # Fast path (the common engine call): ctypes passes a bytes object's own storage
             # for a void* argument, so no pinning calls are needed.
@@ -405,8 +426,29 @@ class Client:
         finally:
             self._release()
 
-    def get(self, key: Any, size: int) -> Optional[bytes]:
-        """The value if it is stored with exactly ``size`` bytes, else None."""
+    def set(self, key: Any, value: Any) -> None:
+        """Store ``value`` (any non-empty buffer) under ``key``; raises on failure.
+
+        The raising twin of ``put``: ``TooLarge`` (over ``max_value_size``), ``Forbidden``,
+        ``Unavailable``/``Timeout``, ``CacheFull``, ``Busy``, ... (all ``dfkv.Error``);
+        ``InvalidRequest`` for a zero-length value.
+        """
+        if not self.put(key, value):
+            self._raise_failure("set")
+
+    def get(self, key: Any, size: Optional[int] = None) -> Optional[bytes]:
+        """The value stored under ``key`` as bytes, or None on a miss.
+
+        ``get(key)``: any length up to ``MAX_VALUE_SIZE`` (64 MiB); failures other than a
+        miss raise a ``dfkv.Error`` subclass (``Unavailable``, ``Timeout``, ``Forbidden``,
+        ``TooLarge`` for a longer value, ...).
+
+        ``get(key, size)``: the engine-style exact-size read, unchanged: the value if it is
+        stored with exactly ``size`` bytes, else None (a miss, a different length, or any
+        failure; ``last_error()`` says which). Never raises but for misuse.
+        """
+        if size is None:
+            return self._get_any(key)
         n = _check_len("size", size)
         out, addr = new_bytes(n)
         h = self._acquire()
@@ -454,6 +496,36 @@ class Client:
             return out if length == n else out[:length]
         return self._get_auto(key, cap, 0, 0)
 
+    def _get_any(self, key: Any) -> Optional[bytes]:
+        out, addr = new_bytes(MAX_VALUE_SIZE)  # address space only until the library writes
+        out_len = c_uint64(0)
+        h = self._acquire()
+        try:
+            with self._pins() as p:
+                ka, kn = p.read(key, "key")
+                ok = self._lib.dfkv_get_auto(h, ka, kn, addr, MAX_VALUE_SIZE, byref(out_len)) == 1
+                if not ok:
+                    status = self._lib.dfkv_last_status(h)
+                    if status == STATUS_NOT_FOUND:
+                        return None
+                    raise self._error(h, status, "get")
+        finally:
+            self._release()
+        n = out_len.value
+        return out if n == MAX_VALUE_SIZE else out[:n]
+
+    def _error(self, h: int, status: int, op: str) -> Error:
+        msg = (self._lib.dfkv_last_error(h) or b"").decode("utf-8", "replace")
+        return error_for_status(status, f"{op}: {msg}" if msg else f"{op} failed")
+
+    def _raise_failure(self, op: str) -> None:
+        """Raise the exception for this thread's last failed call on this client."""
+        h = self._acquire()
+        try:
+            raise self._error(h, self._lib.dfkv_last_status(h), op)
+        finally:
+            self._release()
+
     def _get_auto(self, key: Any, buf: Any, addr: int, cap: int) -> Tuple[bool, int]:
         out_len = c_uint64(0)
         h = self._acquire()
@@ -468,6 +540,7 @@ class Client:
             self._release()
 
     def exist(self, key: Any) -> bool:
+        """True when ``key`` is stored (False on a miss or any failure)."""
         h = self._acquire()
         try:
             with self._pins() as p:
@@ -591,6 +664,7 @@ class Client:
         return res
 
     def batch_exist(self, keys: Sequence[Any]) -> List[bool]:
+        """Per key: True when it is stored."""
         return self._keys_only("dfkv_batch_exist", keys)
 
     def batch_exist_lease(self, keys: Sequence[Any], lease_ms: int = 0) -> List[int]:
@@ -605,6 +679,7 @@ class Client:
         return [int(v) for v in out]
 
     def batch_remove(self, keys: Sequence[Any]) -> List[bool]:
+        """Per key: True when the owner confirmed it is gone (see ``remove``)."""
         return self._keys_only("dfkv_batch_remove", keys)
 
     def _keys_only(self, name: str, keys: Sequence[Any]) -> List[bool]:
@@ -761,4 +836,5 @@ class Client:
 
     @staticmethod
     def version() -> str:
+        """Version string of the loaded libdfkv.so (``dfkv.version()``)."""
         return version()

@@ -99,6 +99,7 @@ class ObjectId(NamedTuple):
     lo: int
 
     def hex(self) -> str:
+        """The id as 32 hex digits."""
         return f"{self.hi:016x}{self.lo:016x}"
 
 
@@ -246,6 +247,7 @@ class Namespace:
     pp: int = 1
 
     def encode(self) -> bytes:
+        """The namespace in its binary form (the byte format in the module docstring)."""
         out = [
             NAMESPACE_MAGIC,
             _lp(_text("tenant", self.tenant, 0, 256)),
@@ -277,6 +279,7 @@ class Namespace:
 
     @classmethod
     def decode(cls, data: BytesLike) -> "Namespace":
+        """Parse the binary form ``encode`` produces; ValueError on malformed input."""
         r = _Reader(data, "namespace")
         if r.take(8) != NAMESPACE_MAGIC:
             raise ValueError("namespace: bad magic (not a DFKVNS1 namespace)")
@@ -324,6 +327,7 @@ class Namespace:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Namespace":
+        """Build from the dict ``to_json`` produces."""
         topo = d.get("topology", {})
         return cls(
             tenant=d.get("tenant", ""),
@@ -349,6 +353,7 @@ class ScatterGather:
     seg_bytes: int
 
     def encode(self) -> bytes:
+        """The scatter-gather descriptor in its binary form."""
         return _SG.pack(_int("sg.first", self.first, 0, _U32_MAX),
                         _int("sg.count", self.count, 1, _U32_MAX),
                         _int("sg.seg_bytes", self.seg_bytes, 1, _U64_MAX))
@@ -387,11 +392,13 @@ class ObjectKey:
         return prefix, b"".join(suffix)
 
     def encode(self) -> bytes:
+        """The object key in its binary form (the byte format in the module docstring)."""
         prefix, suffix = self._parts()
         return prefix + _lp(_blob("page_hash", self.page_hash, 1, 256, allow_str=True)) + suffix
 
     @classmethod
     def decode(cls, data: BytesLike) -> "ObjectKey":
+        """Parse the binary form ``encode`` produces; ValueError on malformed input."""
         r = _Reader(data, "object key")
         if r.take(8) != OBJECT_KEY_MAGIC:
             raise ValueError("object key: bad magic (not a DFKVOK1 key)")
@@ -414,6 +421,7 @@ class ObjectKey:
         return key
 
     def to_json(self) -> Dict[str, Any]:
+        """A JSON-ready dict of the fields (what ``from_json`` reads)."""
         ph = self.page_hash.encode("utf-8") if isinstance(self.page_hash, str) else bytes(self.page_hash)
         d: Dict[str, Any] = {"pool": self.pool, "page_hash_hex": ph.hex()}
         d.update({a: list(getattr(self, a)) for a in _AXES})
@@ -425,6 +433,7 @@ class ObjectKey:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ObjectKey":
+        """Build from the dict ``to_json`` produces."""
         sg = d.get("sg")
         return cls(
             pool=d["pool"],
@@ -447,10 +456,12 @@ def encode_object_key(**fields: Any) -> bytes:
 
 
 def decode_namespace(data: BytesLike) -> Namespace:
+    """``Namespace.decode(data)``."""
     return Namespace.decode(data)
 
 
 def decode_object_key(data: BytesLike) -> ObjectKey:
+    """``ObjectKey.decode(data)``."""
     return ObjectKey.decode(data)
 
 

@@ -375,6 +375,7 @@ def _render(topo: Topology, group: str) -> str:
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
+    """The ``python -m dfkv.topology`` command line; returns the exit status."""
     ap = argparse.ArgumentParser(prog="python -m dfkv.topology",
                                  description="Print the HLT1 topology (members, weights, rails, epochs) an MDS serves.")
     ap.add_argument("--mds", required=True, help="MDS replicas host:port[,host:port...]")

@@ -138,6 +138,27 @@ int dfkv_batch_exist_lease(dfkv_client_t c, const void* const* keys, const uint6
  * none answers or c is NULL/closed. */
 uint64_t dfkv_max_value_size(dfkv_client_t c);
 
+/* dfkv_last_status codes (an addition: ABI v2 unchanged). Values never change; new ones may be
+ * added, so treat an unknown code like DFKV_STATUS_INTERNAL. */
+#define DFKV_STATUS_OK 0               /* no failure recorded */
+#define DFKV_STATUS_NOT_FOUND 1        /* a clean miss */
+#define DFKV_STATUS_UNAVAILABLE 2      /* the owner could not be reached (down, refused, none) */
+#define DFKV_STATUS_TIMEOUT 3          /* the owner did not answer in time */
+#define DFKV_STATUS_FORBIDDEN 4        /* the token does not grant the op on this tenant */
+#define DFKV_STATUS_TOO_LARGE 5        /* the value exceeds the max value size */
+#define DFKV_STATUS_BUFFER_TOO_SMALL 6 /* the stored value is longer than the buffer / not n bytes */
+#define DFKV_STATUS_CACHE_FULL 7       /* the node has no room */
+#define DFKV_STATUS_QUOTA_EXCEEDED 8   /* the tenant's quota is spent */
+#define DFKV_STATUS_BUSY 9             /* the node could not take the write in time; retry */
+#define DFKV_STATUS_IO_ERROR 10        /* the node's disk failed the op */
+#define DFKV_STATUS_INVALID 11         /* bad arguments or options, or a request refused as invalid */
+#define DFKV_STATUS_PROTOCOL 12        /* an answer that breaks the protocol */
+#define DFKV_STATUS_CLOSED 13          /* NULL, closed or unknown handle */
+#define DFKV_STATUS_INTERNAL 14        /* anything else */
+/* The DFKV_STATUS_* of the failure dfkv_last_error(c) describes (same thread, same handle,
+ * same lifetime): what a caller branches on. DFKV_STATUS_OK when none is recorded. */
+int dfkv_last_status(dfkv_client_t c);
+
 #ifdef __cplusplus
 }
 #endif

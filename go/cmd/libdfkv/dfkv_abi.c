@@ -23,6 +23,7 @@ struct errs {
   uintptr_t handle[ERR_SLOTS];
   unsigned char used[ERR_SLOTS];
   unsigned next;
+  int status[ERR_SLOTS]; /* DFKV_STATUS_* of the same failure (dfkv_last_status) */
   char msg[ERR_SLOTS][ERR_LEN];
 };
 static pthread_once_t errs_once = PTHREAD_ONCE_INIT;
@@ -50,7 +51,7 @@ static int err_slot(const struct errs* e, uintptr_t c) {
   return -1;
 }
 
-void dfkvc_set_error(uintptr_t c, const char* msg, size_t n) {
+void dfkvc_set_error(uintptr_t c, const char* msg, size_t n, int status) {
   struct errs* e = errs_get(1);
   if (e == NULL) return; /* out of memory: the reason is lost, the call still fails */
   int i = err_slot(e, c);
@@ -62,12 +63,19 @@ void dfkvc_set_error(uintptr_t c, const char* msg, size_t n) {
   if (n >= ERR_LEN) n = ERR_LEN - 1;
   memcpy(e->msg[i], msg, n);
   e->msg[i][n] = '\0';
+  e->status[i] = status;
 }
 
 const char* dfkv_last_error(dfkv_client_t c) {
   struct errs* e = errs_get(0);
   int i = err_slot(e, H(c));
   return i < 0 ? "" : e->msg[i];
+}
+
+int dfkv_last_status(dfkv_client_t c) {
+  struct errs* e = errs_get(0);
+  int i = err_slot(e, H(c));
+  return i < 0 ? DFKV_STATUS_OK : e->status[i];
 }
 
 /* Caller threads and the Go scheduler (docs/BENCHMARKS.md, "C ABI, part 4"). A C thread that

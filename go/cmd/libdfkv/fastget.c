@@ -19,6 +19,7 @@
 // The header layout mirrors schema/wire.fbs (RequestHeader, ResponseHeader); registration
 // checks it against headers the generated Go code encoded, and keeps the path off if they
 // disagree.
+#include "dfkv.h"
 #include "fastget.h"
 
 #include <dlfcn.h>
@@ -35,7 +36,7 @@
 
 #include "_cgo_export.h"
 
-void dfkvc_set_error(uintptr_t c, const char* msg, size_t n);
+void dfkvc_set_error(uintptr_t c, const char* msg, size_t n, int status);
 
 enum {
   REQ_SIZE = 64,
@@ -653,7 +654,7 @@ int dfkvc_fast_get(uintptr_t id, const void* key, uint64_t key_len, void* buf, u
     put_back(fc, node, &f);
     record(fc, 0, 0, t0);
     atomic_fetch_add(&fc->gets, 1);
-    dfkvc_set_error(id, fc->miss_msg, fc->miss_len);
+    dfkvc_set_error(id, fc->miss_msg, fc->miss_len, DFKV_STATUS_NOT_FOUND);
     rc = 0;
   } else {
     put_back(fc, node, &f); /* a status reply leaves the stream in step */

@@ -15,7 +15,7 @@ package main
 #include <stdint.h>
 #include <stdlib.h>
 #include "dfkv.h"
-void dfkvc_set_error(uintptr_t c, const char* msg, size_t n);
+void dfkvc_set_error(uintptr_t c, const char* msg, size_t n, int status);
 int dfkvc_caller_threads(void);
 */
 import "C"
@@ -46,12 +46,48 @@ var (
 
 func handle(c C.uintptr_t) *cabi.Handle { return cabi.Lookup(uint64(c)) }
 
-// setError keeps err as the calling thread's last error on handle c (dfkv_last_error). The
-// export runs on the C caller's own thread, so the C side's thread-local storage is that
-// caller's.
+// setError keeps err as the calling thread's last error on handle c (dfkv_last_error) with
+// its status code (dfkv_last_status). The export runs on the C caller's own thread, so the C
+// side's thread-local storage is that caller's.
 func setError(c C.uintptr_t, err error) {
+	setErrorStatus(c, err, errStatus(err))
+}
+
+func setErrorStatus(c C.uintptr_t, err error, status int) {
 	msg := err.Error()
-	C.dfkvc_set_error(c, (*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+	C.dfkvc_set_error(c, (*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)), C.int(status))
+}
+
+// cabi's status codes are dfkv.h's: a difference is a constant index out of range, which
+// does not compile.
+func _() {
+	var x [1]struct{}
+	_ = x[C.DFKV_STATUS_OK-cabi.StatusOK]
+	_ = x[C.DFKV_STATUS_NOT_FOUND-cabi.StatusNotFound]
+	_ = x[C.DFKV_STATUS_UNAVAILABLE-cabi.StatusUnavailable]
+	_ = x[C.DFKV_STATUS_TIMEOUT-cabi.StatusTimeout]
+	_ = x[C.DFKV_STATUS_FORBIDDEN-cabi.StatusForbidden]
+	_ = x[C.DFKV_STATUS_TOO_LARGE-cabi.StatusTooLarge]
+	_ = x[C.DFKV_STATUS_BUFFER_TOO_SMALL-cabi.StatusBufferTooSmall]
+	_ = x[C.DFKV_STATUS_CACHE_FULL-cabi.StatusCacheFull]
+	_ = x[C.DFKV_STATUS_QUOTA_EXCEEDED-cabi.StatusQuotaExceeded]
+	_ = x[C.DFKV_STATUS_BUSY-cabi.StatusBusy]
+	_ = x[C.DFKV_STATUS_IO_ERROR-cabi.StatusIOError]
+	_ = x[C.DFKV_STATUS_INVALID-cabi.StatusInvalid]
+	_ = x[C.DFKV_STATUS_PROTOCOL-cabi.StatusProtocol]
+	_ = x[C.DFKV_STATUS_CLOSED-cabi.StatusClosed]
+	_ = x[C.DFKV_STATUS_INTERNAL-cabi.StatusInternal]
+}
+
+// errStatus: this layer's own refusals, then the client's sentinels (cabi.Status).
+func errStatus(err error) int {
+	switch {
+	case errors.Is(err, errHandle):
+		return cabi.StatusClosed
+	case errors.Is(err, errArg):
+		return cabi.StatusInvalid
+	}
+	return cabi.Status(err)
 }
 
 // call is every export's prologue and epilogue: it looks up the handle, runs body, turns a
@@ -109,19 +145,19 @@ func dfkvgo_open_v2(o *C.dfkv_client_options_v2) (id C.uintptr_t) {
 		}
 	}()
 	if o == nil {
-		setError(0, errors.New("dfkv_open_v2: NULL options"))
+		setErrorStatus(0, errors.New("dfkv_open_v2: NULL options"), cabi.StatusInvalid)
 		return 0
 	}
 	// Read struct_size first: a caller with an older, shorter struct must not make us read
 	// past its end.
 	size := uint32(o.struct_size)
 	if size < cabi.OptionsSize {
-		setError(0, errors.New("dfkv_open_v2: struct_size smaller than dfkv_client_options_v2"))
+		setErrorStatus(0, errors.New("dfkv_open_v2: struct_size smaller than dfkv_client_options_v2"), cabi.StatusInvalid)
 		return 0
 	}
 	ns, ok := bytesOf(o.key_namespace, o.key_namespace_len)
 	if !ok {
-		setError(0, errors.New("dfkv_open_v2: NULL key_namespace with a nonzero length"))
+		setErrorStatus(0, errors.New("dfkv_open_v2: NULL key_namespace with a nonzero length"), cabi.StatusInvalid)
 		return 0
 	}
 	opts := &cabi.Options{
@@ -133,7 +169,7 @@ func dfkvgo_open_v2(o *C.dfkv_client_options_v2) (id C.uintptr_t) {
 	}
 	id = C.uintptr_t(cabi.Open(opts))
 	if id == 0 {
-		setError(0, errors.New("dfkv_open_v2: "+cabi.LastError()))
+		setErrorStatus(0, errors.New("dfkv_open_v2: "+cabi.LastError()), cabi.StatusInvalid)
 		return 0
 	}
 	fastOpen(id, handle(id))

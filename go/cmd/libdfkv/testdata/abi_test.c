@@ -254,6 +254,7 @@ int main(void) {
   o.members = NULL;
   CHECK(dfkv_open_v2(&o) == NULL, "neither members nor MDS accepted");
   CHECK(strstr(dfkv_last_error(NULL), "members") != NULL, "open refusal reason: '%s'", dfkv_last_error(NULL));
+  CHECK(dfkv_last_status(NULL) == DFKV_STATUS_INVALID, "open refusal status: %d", dfkv_last_status(NULL));
   o.members = members;
 
   dfkv_client_t c = dfkv_open_v2(&o);
@@ -309,16 +310,21 @@ int main(void) {
 
   /* ---- dfkv_last_error: per handle, per thread; set by failures, kept by successes ---- */
   CHECK(strstr(dfkv_last_error(c), "not found") != NULL, "last error after a miss: '%s'", dfkv_last_error(c));
+  CHECK(dfkv_last_status(c) == DFKV_STATUS_NOT_FOUND, "last status after a miss: %d", dfkv_last_status(c));
   CHECK(dfkv_put(c, key, sizeof key, val, n) == 0, "put again");
   CHECK(strstr(dfkv_last_error(c), "not found") != NULL, "a success must not clear the last error");
+  CHECK(dfkv_last_status(c) == DFKV_STATUS_NOT_FOUND, "a success must not clear the last status");
   CHECK(dfkv_put(c, key, sizeof key, val, 0) == -1 && strstr(dfkv_last_error(c), "zero-length") != NULL,
         "last error of a zero-length put: '%s'", dfkv_last_error(c));
+  CHECK(dfkv_last_status(c) == DFKV_STATUS_INVALID, "status of a zero-length put: %d", dfkv_last_status(c));
   CHECK(dfkv_get(c, key, sizeof key, got, n + 1) == 0 && strstr(dfkv_last_error(c), "buffer too small") != NULL,
         "last error of a wrong-size get: '%s'", dfkv_last_error(c));
+  CHECK(dfkv_last_status(c) == DFKV_STATUS_BUFFER_TOO_SMALL, "status of a wrong-size get: %d", dfkv_last_status(c));
   /* c2's own last failure was its cross-namespace miss; c's later errors stay c's */
   CHECK(strstr(dfkv_last_error(c2), "not found") != NULL, "another handle's error leaked: '%s'", dfkv_last_error(c2));
   CHECK(dfkv_get(NULL, key, sizeof key, got, n) == 0 && strstr(dfkv_last_error(NULL), "handle") != NULL,
         "last error of a NULL handle: '%s'", dfkv_last_error(NULL));
+  CHECK(dfkv_last_status(NULL) == DFKV_STATUS_CLOSED, "status of a NULL handle: %d", dfkv_last_status(NULL));
   {
     struct other_thread t = {.c = c};
     pthread_t th;
