@@ -87,3 +87,28 @@ def test_bad_ca_file_refuses_open(secure_server):
     r = run_python(CODE % addr, env={"DFKV_TLS_CA": str(d / "missing.crt"), "DFKV_LOG": "1"})
     assert r.returncode != 0
     assert "DFKV_TLS_CA" in r.stderr
+
+
+RAISING = """
+import dfkv
+c = dfkv.Client(members="n1=%s", namespace=b"py-sec")
+for what, call in (("set", lambda: c.set(b"k2", b"v")), ("get", lambda: c.get(b"k2"))):
+    try:
+        print(what, "returned", repr(call()))
+    except dfkv.Error as e:
+        print(what, type(e).__name__, e.status)
+"""
+
+
+@pytest.mark.parametrize("env,want", [
+    ({"DFKV_TLS_CA": "CA", "DFKV_TOKEN": "tok-a", "DFKV_TENANT": "team-a"}, "set returned None\nget returned b'v'"),
+    ({"DFKV_TLS_CA": "CA", "DFKV_TOKEN": "tok-b", "DFKV_TENANT": "team-a"}, "set Forbidden 4\nget Forbidden 4"),
+    ({"DFKV_TLS_CA": "CA", "DFKV_TENANT": "team-a"}, "set Forbidden 4\nget Forbidden 4"),
+], ids=["granted", "wrong-tenant-token", "no-token"])
+def test_refusal_raises_forbidden(secure_server, env, want):
+    """The raising forms turn a refused token into dfkv.Forbidden (status 4), not a miss."""
+    addr, d = secure_server
+    env = {k: (str(d / "ca.crt") if v == "CA" else v) for k, v in env.items()}
+    r = run_python(RAISING % addr, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == want
