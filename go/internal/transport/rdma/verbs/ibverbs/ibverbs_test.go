@@ -157,13 +157,25 @@ func loopback(t *testing.T, p verbs.Provider, name string, port verbs.PortInfo) 
 	a, b := mk(), mk()
 	defer a.Close()
 	defer b.Close()
-	ea := verbs.Endpoint{QPNum: a.Num(), PSN: 11, GID: port.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
-	eb := verbs.Endpoint{QPNum: b.Num(), PSN: 22, GID: port.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
-	acc := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
-	if err := verbs.Connect(a, port.Num, acc, ea, eb); err != nil {
+	// Both QPs are on this host: the selection takes a link-local GID (ChooseGID rule 4),
+	// read from the port's real table.
+	table, err := ctx.GIDTable(port.Num)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := verbs.Connect(b, port.Num, acc, eb, ea); err != nil {
+	pick, err := verbs.ChooseGID(verbs.GIDQuery{LinkLayer: port.LinkLayer, Table: table, PeerLocal: true}, verbs.GIDPolicy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("GID table %v; chose %+v", table, pick)
+	ea := verbs.Endpoint{QPNum: a.Num(), PSN: 11, GID: pick.Entry.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
+	eb := verbs.Endpoint{QPNum: b.Num(), PSN: 22, GID: pick.Entry.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
+	acc := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+	path := pick.Path(verbs.GIDPolicy{})
+	if err := verbs.Connect(a, port.Num, acc, ea, eb, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := verbs.Connect(b, port.Num, acc, eb, ea, path); err != nil {
 		t.Fatal(err)
 	}
 	sb, _ := verbs.AllocBuffer(1 << 20)

@@ -35,6 +35,8 @@ struct fns {
 	struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
 	int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
 	int (*destroy_qp)(struct ibv_qp *);
+	// Optional (NULL when the library lacks it): rdma-core >= 29.
+	ssize_t (*query_gid_table)(struct ibv_context *, struct ibv_gid_entry *, size_t, uint32_t, size_t);
 };
 static struct fns fn;
 
@@ -73,6 +75,7 @@ static int resolve_all(void *h, const char *path, struct fns *t, char *err, size
 	RESOLVE(create_qp, "ibv_create_qp");
 	RESOLVE(modify_qp, "ibv_modify_qp");
 	RESOLVE(destroy_qp, "ibv_destroy_qp");
+	*(void **)(&t->query_gid_table) = dlsym(h, "_ibv_query_gid_table");
 	return 0;
 }
 
@@ -141,6 +144,32 @@ int dfkv_ibv_query_gid(struct ibv_context *c, uint8_t port, int index, uint8_t g
 	if (rc == 0)
 		memcpy(gid, g.raw, 16);
 	return rc;
+}
+
+long dfkv_ibv_query_gid_table(struct ibv_context *c, struct dfkv_gid *out, long max) {
+	if (!fn.query_gid_table)
+		return -ENOSYS;
+	if (max <= 0)
+		return 0;
+	struct ibv_gid_entry *e = calloc((size_t)max, sizeof *e);
+	if (!e)
+		return -ENOMEM;
+	errno = 0;
+	ssize_t n = fn.query_gid_table(c, e, (size_t)max, 0, sizeof *e);
+	if (n < 0) {
+		int err = errno ? errno : (int)-n;
+		free(e);
+		return -(long)err;
+	}
+	for (ssize_t i = 0; i < n; i++) {
+		memcpy(out[i].gid, e[i].gid.raw, 16);
+		out[i].index = e[i].gid_index;
+		out[i].port = e[i].port_num;
+		out[i].type = e[i].gid_type;
+		out[i].ifindex = e[i].ndev_ifindex;
+	}
+	free(e);
+	return (long)n;
 }
 
 struct ibv_pd *dfkv_ibv_alloc_pd(struct ibv_context *c, int *err) {
@@ -230,7 +259,8 @@ int dfkv_ibv_modify_init(struct ibv_qp *qp, uint8_t port, int access) {
 }
 
 int dfkv_ibv_modify_rtr(struct ibv_qp *qp, uint8_t port, int mtu, uint32_t dest_qpn, uint32_t rq_psn,
-                        const uint8_t gid[16], uint16_t lid, int global) {
+                        const uint8_t gid[16], uint16_t lid, int global, uint8_t sgid_index,
+                        uint8_t hop_limit, uint8_t traffic_class) {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTR;
@@ -244,8 +274,9 @@ int dfkv_ibv_modify_rtr(struct ibv_qp *qp, uint8_t port, int mtu, uint32_t dest_
 	if (global) {
 		a.ah_attr.is_global = 1;
 		memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
-		a.ah_attr.grh.hop_limit = 1;
-		a.ah_attr.grh.sgid_index = 0;
+		a.ah_attr.grh.hop_limit = hop_limit;
+		a.ah_attr.grh.sgid_index = sgid_index;
+		a.ah_attr.grh.traffic_class = traffic_class;
 	}
 	return fn.modify_qp(qp, &a,
 			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
