@@ -101,7 +101,7 @@ func TestRDMASoftServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := onesided.Dial(boot, onesided.Config{Provider: p, MaxBlock: 64 << 20, Depth: 2, IOTimeout: 30 * time.Second})
+	c, err := onesided.Dial(boot, onesided.Config{Provider: p, MaxBlock: 64 << 20, Depth: 2, IOTimeout: fabricTimeout(30 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestRDMAGoClient(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma"), IOTimeout: 30 * time.Second,
+		c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma"), IOTimeout: fabricTimeout(30 * time.Second),
 			RDMA: &client.RDMAOptions{Provider: "soft"}})
 		if err != nil {
 			t.Fatal(err)
@@ -304,7 +304,7 @@ func TestRDMAV1(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := client.New(client.Options{Membership: ms, IOTimeout: 30 * time.Second,
+		c, err := client.New(client.Options{Membership: ms, IOTimeout: fabricTimeout(30 * time.Second),
 			RDMA: &client.RDMAOptions{Provider: "soft", ForceV1: tc.clientV1}})
 		if err != nil {
 			t.Fatal(err)
