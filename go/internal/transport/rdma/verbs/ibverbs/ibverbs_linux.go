@@ -616,3 +616,45 @@ func (q *queuePair) Close() error {
 	}
 	return nil
 }
+
+// abiValue is one size or offset of the verbs ABI (abi_fields.h).
+type abiValue struct {
+	name       string
+	ours, real uint64
+	enum       bool
+}
+
+// abiLayout pairs verbs_abi.h's sizes, offsets and enum values with those of rdma-core's
+// installed header; ok is false where the header is not installed.
+func abiLayout() (vals []abiValue, ok bool) {
+	var ours, real [256]C.size_t
+	no := int(C.dfkv_abi_ours(&ours[0], C.size_t(len(ours))))
+	nr := int(C.dfkv_abi_real(&real[0], C.size_t(len(real))))
+	if nr == 0 {
+		return nil, false
+	}
+	for i := range max(no, nr) {
+		v := abiValue{name: C.GoString(C.dfkv_abi_name(C.size_t(i)))}
+		if i < no {
+			v.ours = uint64(ours[i])
+		}
+		if i < nr {
+			v.real = uint64(real[i])
+		}
+		vals = append(vals, v)
+	}
+	var oe, re [64]C.long
+	ne := int(C.dfkv_abi_our_enums(&oe[0], C.size_t(len(oe))))
+	nre := int(C.dfkv_abi_real_enums(&re[0], C.size_t(len(re))))
+	for i := range max(ne, nre) {
+		v := abiValue{name: fmt.Sprintf("enum value %d", i), enum: true}
+		if i < ne {
+			v.ours = uint64(oe[i])
+		}
+		if i < nre {
+			v.real = uint64(re[i])
+		}
+		vals = append(vals, v)
+	}
+	return vals, true
+}

@@ -221,3 +221,21 @@ func loopback(t *testing.T, p verbs.Provider, name string, port verbs.PortInfo) 
 		t.Fatal("loopback WRITE placed wrong bytes")
 	}
 }
+
+// TestABILayout checks verbs_abi.h (the provider's own declarations, so that building needs
+// no rdma-core headers) against rdma-core's <infiniband/verbs.h> wherever that is installed:
+// every size, offset and enum value the shim relies on must agree.
+func TestABILayout(t *testing.T) {
+	vals, ok := abiLayout()
+	if !ok {
+		t.Skip("rdma-core headers (infiniband/verbs.h) not installed: nothing to compare verbs_abi.h with")
+	}
+	for _, v := range vals {
+		if v.ours != v.real {
+			t.Errorf("%s: verbs_abi.h %d, rdma-core's header %d", v.name, v.ours, v.real)
+		}
+	}
+	if !t.Failed() {
+		t.Logf("%d sizes, offsets and enum values agree with rdma-core's header", len(vals))
+	}
+}

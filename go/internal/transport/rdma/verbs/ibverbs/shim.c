@@ -1,6 +1,7 @@
 //go:build linux && cgo
 
 #include "shim.h"
+#include "abi_fields.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -366,4 +367,38 @@ int dfkv_ibv_poll_cq(struct ibv_cq *cq, int n, struct dfkv_wc *out) {
 		out[i].qp_num = wc[i].qp_num;
 	}
 	return got;
+}
+
+#define S(t) sizeof(struct t),
+#define O(t, f) offsetof(struct t, f),
+static const size_t our_vals[] = {DFKV_ABI_FIELDS(S, O)};
+#undef S
+#undef O
+
+#define S(t) "sizeof " #t,
+#define O(t, f) #t "." #f,
+static const char *const abi_names[] = {DFKV_ABI_FIELDS(S, O)};
+#undef S
+#undef O
+
+const char *dfkv_abi_name(size_t i) { return i < sizeof abi_names / sizeof abi_names[0] ? abi_names[i] : "?"; }
+
+size_t dfkv_abi_ours(size_t *out, size_t max) {
+	size_t n = sizeof our_vals / sizeof our_vals[0];
+	for (size_t i = 0; i < n && i < max; i++)
+		out[i] = our_vals[i];
+	return n;
+}
+
+size_t dfkv_abi_our_enums(long *out, size_t max) {
+	const long v[] = {IBV_MTU_256, IBV_MTU_4096, IBV_PORT_ACTIVE, IBV_LINK_LAYER_ETHERNET, IBV_QPT_RC,
+			  IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_ERR, IBV_QP_STATE, IBV_QP_ACCESS_FLAGS,
+			  IBV_QP_PKEY_INDEX, IBV_QP_PORT, IBV_QP_AV, IBV_QP_PATH_MTU, IBV_QP_TIMEOUT,
+			  IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY, IBV_QP_RQ_PSN, IBV_QP_MAX_QP_RD_ATOMIC,
+			  IBV_QP_MIN_RNR_TIMER, IBV_QP_SQ_PSN, IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QP_DEST_QPN,
+			  IBV_WC_WITH_IMM, DFKV_IBV_GID_TYPE_ROCE_V2};
+	size_t n = sizeof v / sizeof v[0];
+	for (size_t i = 0; i < n && i < max; i++)
+		out[i] = v[i];
+	return n;
 }

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <infiniband/verbs.h>
+#include "verbs_abi.h"
 
 // dfkv_ibv_load opens the library once; 0 on success, else -1 with a message in err.
 int dfkv_ibv_load(const char *path, char *err, size_t errlen);
@@ -85,5 +85,13 @@ int dfkv_ibv_post_send(struct ibv_qp *qp, const struct dfkv_swr *w, int n, struc
 int dfkv_ibv_post_recv(struct ibv_qp *qp, const struct dfkv_rwr *w, int n, struct ibv_sge *sges, int *bad);
 int dfkv_ibv_poll_cq(struct ibv_cq *cq, int n, struct dfkv_wc *out);
 int dfkv_ibv_comp_fd(struct ibv_comp_channel *ch);
+
+// verbs_abi.h's sizes and offsets (abi_fields.h order), and its enum values in
+// dfkv_abi_real_enums' order: what TestABILayout compares with rdma-core's header.
+size_t dfkv_abi_ours(size_t *out, size_t max);
+const char *dfkv_abi_name(size_t i);
+size_t dfkv_abi_our_enums(long *out, size_t max);
+size_t dfkv_abi_real(size_t *out, size_t max);
+size_t dfkv_abi_real_enums(long *out, size_t max);
 
 #endif
