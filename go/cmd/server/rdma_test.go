@@ -50,3 +50,25 @@ func TestMemlockVerdict(t *testing.T) {
 		})
 	}
 }
+
+// --rdma-gid-index / --rdma-hop-limit / --rdma-traffic-class: -1 chooses per connection, an
+// index forces it; out-of-range values refuse the start with the flag's name.
+func TestGIDPolicyFlags(t *testing.T) {
+	o := rdmaOptions{gidIndex: -1, hopLimit: 64}
+	if p, err := o.gidPolicy(); err != nil || p.HasIndex || p.HopLimit != 64 || p.TrafficClass != 0 {
+		t.Fatalf("defaults: %+v %v", p, err)
+	}
+	o = rdmaOptions{gidIndex: 0, hopLimit: 8, trafficClass: 106}
+	if p, err := o.gidPolicy(); err != nil || !p.HasIndex || p.Index != 0 || p.HopLimit != 8 || p.TrafficClass != 106 {
+		t.Fatalf("set: %+v %v", p, err)
+	}
+	for flag, bad := range map[string]rdmaOptions{
+		"--rdma-gid-index":     {gidIndex: 256, hopLimit: 64},
+		"--rdma-hop-limit":     {gidIndex: -1, hopLimit: 0},
+		"--rdma-traffic-class": {gidIndex: -1, hopLimit: 64, trafficClass: 256},
+	} {
+		if _, err := bad.gidPolicy(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: %v", flag, err)
+		}
+	}
+}
