@@ -9,9 +9,12 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 )
@@ -157,13 +160,25 @@ func loopback(t *testing.T, p verbs.Provider, name string, port verbs.PortInfo) 
 	a, b := mk(), mk()
 	defer a.Close()
 	defer b.Close()
-	ea := verbs.Endpoint{QPNum: a.Num(), PSN: 11, GID: port.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
-	eb := verbs.Endpoint{QPNum: b.Num(), PSN: 22, GID: port.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
-	acc := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
-	if err := verbs.Connect(a, port.Num, acc, ea, eb); err != nil {
+	// Both QPs are on this host: the selection takes a link-local GID (ChooseGID rule 4),
+	// read from the port's real table.
+	table, err := ctx.GIDTable(port.Num)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := verbs.Connect(b, port.Num, acc, eb, ea); err != nil {
+	pick, err := verbs.ChooseGID(verbs.GIDQuery{LinkLayer: port.LinkLayer, Table: table, PeerLocal: true}, verbs.GIDPolicy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("GID table %v; chose %+v", table, pick)
+	ea := verbs.Endpoint{QPNum: a.Num(), PSN: 11, GID: pick.Entry.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
+	eb := verbs.Endpoint{QPNum: b.Num(), PSN: 22, GID: pick.Entry.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
+	acc := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+	path := pick.Path(verbs.GIDPolicy{})
+	if err := verbs.Connect(a, port.Num, acc, ea, eb, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := verbs.Connect(b, port.Num, acc, eb, ea, path); err != nil {
 		t.Fatal(err)
 	}
 	sb, _ := verbs.AllocBuffer(1 << 20)
@@ -208,4 +223,84 @@ func loopback(t *testing.T, p verbs.Provider, name string, port verbs.PortInfo) 
 	if crc32.ChecksumIEEE(db.Bytes()) != crc32.ChecksumIEEE(sb.Bytes()) {
 		t.Fatal("loopback WRITE placed wrong bytes")
 	}
+}
+
+// TestABILayout checks verbs_abi.h (the provider's own declarations, so that building needs
+// no rdma-core headers) against rdma-core's <infiniband/verbs.h> wherever that is installed:
+// every size, offset and enum value the shim relies on must agree.
+func TestABILayout(t *testing.T) {
+	vals, ok := abiLayout()
+	if !ok {
+		t.Skip("rdma-core headers (infiniband/verbs.h) not installed: nothing to compare verbs_abi.h with")
+	}
+	for _, v := range vals {
+		if v.ours != v.real {
+			t.Errorf("%s: verbs_abi.h %d, rdma-core's header %d", v.name, v.ours, v.real)
+		}
+	}
+	if !t.Failed() {
+		t.Logf("%d sizes, offsets and enum values agree with rdma-core's header", len(vals))
+	}
+}
+
+// TestRegMRUnderMemlock registers more than a lowered RLIMIT_MEMLOCK holds on a real device
+// and expects the one-line memlock reason (verbs.ErrMemlock). Root's CAP_IPC_LOCK would
+// lift the limit, so the test drops it from this thread's effective set for the duration
+// (capabilities are per thread; the goroutine is locked to it) and restores both after.
+func TestRegMRUnderMemlock(t *testing.T) {
+	p := New(Options{})
+	devs, err := p.Devices()
+	if err != nil || len(devs) == 0 {
+		t.Skipf("no RDMA device here: %v", err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var caps [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &caps[0]); err != nil {
+		t.Fatal(err)
+	}
+	const ipcLock = 1 << unix.CAP_IPC_LOCK
+	if caps[0].Effective&ipcLock != 0 {
+		saved := caps
+		caps[0].Effective &^= ipcLock
+		if err := unix.Capset(&hdr, &caps[0]); err != nil {
+			t.Fatalf("drop CAP_IPC_LOCK: %v", err)
+		}
+		defer unix.Capset(&hdr, &saved[0])
+	}
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := unix.Rlimit{Cur: 64 << 10, Max: old.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &low); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_MEMLOCK, &old)
+	ctx, err := p.Open(devs[0].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Close()
+	pd, err := ctx.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	buf, err := verbs.AllocBuffer(16 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	mr, err := pd.RegMR(buf.Bytes(), verbs.AccessLocalWrite)
+	if err == nil {
+		mr.Close()
+		t.Fatal("registered 16 MiB under a 64 KiB memlock limit without CAP_IPC_LOCK")
+	}
+	oneLine(t, err)
+	if !errors.Is(err, verbs.ErrMemlock) || !strings.Contains(err.Error(), "ulimit -l 64") {
+		t.Fatalf("reason does not name the limit: %v", err)
+	}
+	t.Logf("reported: %v", err)
 }
