@@ -287,17 +287,19 @@ func TestTraceReplayTiny(t *testing.T) {
 	addr := startMemServer(t, 64<<20)
 	r, code, stderr := runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "tiny")
 	want := traceResult{Nodes: 1, Requests: 7, BlockRefs: 16, DistinctBlocks: 5, BlockBytes: 4096, PrefixHits: 9,
-		LRUHits: 9, CapacityBlocks: 64 << 20 / 4096, CapacityBytes: 64 << 20, LiveBytes: 5 * 4096, Puts: 7, DiskReads: 9, NodeLRUHits: 9}
+		LRUHits: 9, CapacityBlocks: 64 << 20 / 4096, CapacityBytes: 64 << 20, LiveBytes: 5 * 4096, Puts: 7, DiskReads: 9, NodeLRUHits: 9, BeladyHits: 9}
 	got := r
 	got.HitRatio, got.LRURatio, got.MaxRatio, got.Efficiency, got.VsLRU, got.Seconds = 0, 0, 0, 0, 0, 0
-	got.NodeLRURatio, got.VsNodeLRU = 0, 0
-	if d := cmp.Diff(want, got); code != exitOK || d != "" || r.HitRatio != 9.0/16 || r.MaxRatio != 9.0/16 || r.VsLRU != 1 {
+	got.NodeLRURatio, got.VsNodeLRU, got.BeladyRatio = 0, 0, 0
+	if d := cmp.Diff(want, got); code != exitOK || d != "" || r.HitRatio != 9.0/16 || r.MaxRatio != 9.0/16 || r.VsLRU != 1 ||
+		r.BeladyRatio != 9.0/16 {
 		t.Fatalf("exit %d (%s) %+v; diff (-want +got):\n%s", code, stderr, r, d)
 	}
 	// --capacity-blocks sets the LRU's size; --limit replays a prefix of the trace.
 	r, code, _ = runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "tiny2",
 		"--capacity-blocks", "3", "--limit", "5")
-	if code != exitOK || r.Requests != 5 || r.BlockRefs != 15 || r.LRUHits != 6 || r.PrefixHits != 8 {
+	// Belady at 3 blocks over the first 5 requests: 1 2 3 kept for r2, r3, r5 (by hand: 8).
+	if code != exitOK || r.Requests != 5 || r.BlockRefs != 15 || r.LRUHits != 6 || r.PrefixHits != 8 || r.BeladyHits != 8 {
 		t.Fatalf("capacity 3, 5 requests: exit %d %+v", code, r)
 	}
 	// --speed paces request starts by the timestamps (the last request starts at 30 ms).
