@@ -160,6 +160,16 @@ def summary_table(rep):
         out.append("")
         out.append("Ratios are medians of per-round ratios (the systems of a round run back to back). "
                    "Run: %s." % stamp(c["meta"]))
+        checks = c.get("checks") or []
+        for kind in ("warm", "cold"):
+            ks = [k for k in checks if isinstance(k, dict) and k.get("kind") == kind]
+            if ks:
+                bad = sum(1 for k in ks if not k.get("ok"))
+                out.append("")
+                out.append("%s_check (the server's /metrics around each dfkv GET measurement: %s): %s of %d "
+                           "measurements." % (kind, "all RAM hits, zero device reads" if kind == "warm"
+                                              else "every GET a device read", "PASS, all" if not bad
+                                              else "FAIL, %d" % bad, len(ks)))
         fails = c.get("failures") or []
         if fails:
             out.append("")

@@ -52,6 +52,9 @@ def test_report_on_fixture(tmp_path):
     meta = cmp_["meta"]
     assert meta["commit"] in md and meta["date"] in md and meta["machine"] in md
     assert "load average %s at start" % meta["loadavg_start"][0] in md
+    # The metrics checks of the run are reported with their verdict.
+    warm = [k for k in cmp_["checks"] if k["kind"] == "warm"]
+    assert "warm_check (" in md and "PASS, all of %d measurements." % len(warm) in md
     # The sweep and trace tables.
     assert "| value size | dfkv | memcached | Redis | raw TCP | dfkv ÷ raw TCP |" in md
     assert "| 16 MiB |" in md and "| 4 KiB |" in md
