@@ -140,3 +140,26 @@ def test_paired_ratio():
     assert benchreport.paired_ratio({0: 2.0, 1: 3.0, 2: 9.0}, {0: 1.0, 1: 1.0, 2: 3.0}) == 3.0
     assert benchreport.paired_ratio({0: 2.0}, {1: 1.0}) is None
     assert benchreport.paired_ratio({0: 2.0}, {0: 0.0}) is None
+
+
+def test_trace_mode_feeds_the_report(tmp_path):
+    """`tools/bench trace --results` with the real binaries (tools/test.sh builds them first)
+    on a slice of the shipped trace, then `tools/bench report` on what it wrote."""
+    root = os.path.dirname(TOOLS)
+    build = os.environ.get("DFKV_BUILD_DIR", os.path.join(root, "build"))
+    for b in ("dfkv_server", "dfkv_bench"):
+        assert os.access(os.path.join(build, b), os.X_OK), "run tools/build.sh first: %s/%s missing" % (build, b)
+    res = tmp_path / "res"
+    r = subprocess.run([sys.executable, BENCH, "trace", "--limit", "300", "--fractions", "8,4", "--block-bytes",
+                        "16KiB", "--no-build", "--max-time", "120", "--results", str(res)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    t = json.loads((res / "trace.json").read_text())
+    assert [p["fraction"] for p in t["points"]] == [8, 4] and t["meta"]["commit"] and t["meta"]["loadavg_end"]
+    for p in t["points"]:
+        assert p["errors"] == 0 and p["corrupt"] == 0
+        assert p["capacity_blocks"] <= t["distinct_blocks"] // p["fraction"]
+        assert 0 < p["lru_ratio"] <= p["belady_ratio"] <= p["max_ratio"]
+    rr, out = report(tmp_path, results=res)
+    assert rr.returncode == 0, rr.stderr
+    assert "| 1/4 | %d |" % t["points"][1]["capacity_blocks"] in out.read_text()
