@@ -145,6 +145,33 @@ def compare_rows(c):
     return rows
 
 
+def span(xs):
+    """'a×' or 'a×–b×' over the values (min to max)."""
+    if not xs:
+        return "–"
+    lo, hi = "%.2f×" % min(xs), "%.2f×" % max(xs)
+    return lo if lo == hi else "%s–%s" % (lo, hi)
+
+
+def loaded(meta):
+    """A warning when the run's load average exceeded the machine's CPUs, else ''."""
+    la = (meta.get("loadavg_start") or [0])[0]
+    le = (meta.get("loadavg_end") or [0])[0]
+    cpus = 0
+    m = meta.get("machine", "")
+    for part in m.split(","):
+        if part.strip().endswith("CPUs"):
+            try:
+                cpus = int(part.split()[0])
+            except ValueError:
+                pass
+    if cpus and max(la, le) > cpus:
+        return ("**The machine was loaded** (load average %s–%s on %d CPUs, other jobs running): absolute "
+                "figures are low and single rounds scatter; read the ratios with the rounds' spread." % (
+                    min(la, le), max(la, le), cpus))
+    return ""
+
+
 def summary_table(rep):
     out = []
     c = rep.get("compare")
@@ -160,6 +187,8 @@ def summary_table(rep):
         out.append("")
         out.append("Ratios are medians of per-round ratios (the systems of a round run back to back). "
                    "Run: %s." % stamp(c["meta"]))
+        if loaded(c["meta"]):
+            out += ["", loaded(c["meta"])]
         checks = c.get("checks") or []
         for kind in ("warm", "cold"):
             ks = [k for k in checks if isinstance(k, dict) and k.get("kind") == kind]
@@ -182,9 +211,9 @@ def summary_table(rep):
         out.append("Hit ratio on the %s trace (%s blocks): dfkv live %s of an exact LRU at 1/%d … 1/%d of the "
                    "distinct blocks; Belady's offline optimum %s of LRU." % (
                        t.get("trace", "?"), size_label(t.get("block_bytes", 0)),
-                       "–".join(sorted({"%.2f×" % (p["hit_ratio"] / p["lru_ratio"]) for p in pts if p["lru_ratio"]})),
+                       span([p["hit_ratio"] / p["lru_ratio"] for p in pts if p["lru_ratio"]]),
                        pts[0]["fraction"], pts[-1]["fraction"],
-                       "–".join(sorted({"%.2f×" % (p["belady_ratio"] / p["lru_ratio"]) for p in pts if p["lru_ratio"]}))))
+                       span([p["belady_ratio"] / p["lru_ratio"] for p in pts if p["lru_ratio"]])))
     return out
 
 
@@ -368,7 +397,7 @@ def render(rep, img_dir_rel, learned, sections, results_rel):
     if s:
         L += ["![GET throughput by value size](%s/%s)" % (img_dir_rel, PLOTS["sweep"]), ""]
         L += sweep_table(s)
-        L += ["", "GB/s, median of rounds (min–max). Run: %s." % stamp(s["meta"]), "",
+        L += ["", "GB/s, median of rounds (min–max). Run: %s. %s" % (stamp(s["meta"]), loaded(s["meta"])), "",
               "Command: `%s`" % command(s["meta"], "sweep"), ""]
     else:
         L += ["No sweep.json: run `%s`." % COMMANDS["sweep"], ""]
@@ -381,7 +410,8 @@ def render(rep, img_dir_rel, learned, sections, results_rel):
               "(slab engine, default flags, `--cap` = capacity × block bytes): per request a lookup, a GET "
               "of the hit prefix (every byte checked) and a PUT of the rest. Exact LRU and Belady's offline "
               "optimum (evict the block whose next use is farthest; no online policy can beat it) are "
-              "simulated over the same request order at the same capacity. Run: %s%s." % (
+              "simulated over the same request order at the same capacity. Run: %s%s. The hit ratios do not "
+              "depend on the machine's speed (the replay is sequential)." % (
                   stamp(t["meta"]), ("; failed: " + "; ".join(t["failures"])) if t.get("failures") else ""), "",
               "Command: `%s`" % command(t["meta"], "trace"), ""]
     else:

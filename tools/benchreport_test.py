@@ -52,6 +52,8 @@ def test_report_on_fixture(tmp_path):
     meta = cmp_["meta"]
     assert meta["commit"] in md and meta["date"] in md and meta["machine"] in md
     assert "load average %s at start" % meta["loadavg_start"][0] in md
+    # The fixture ran at load ~20 on 2 CPUs: the report says so.
+    assert "**The machine was loaded** (load average" in md and "on 2 CPUs" in md
     # The metrics checks of the run are reported with their verdict.
     warm = [k for k in cmp_["checks"] if k["kind"] == "warm"]
     assert "warm_check (" in md and "PASS, all of %d measurements." % len(warm) in md
