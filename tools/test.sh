@@ -234,6 +234,15 @@ tools/readme-python.sh
 step "python: the API reference renders (pdoc, into build/pydoc)"
 tools/pydoc.sh
 
+step "tools/bench report on its fixture (docs/BENCHMARKS.md and the plots)"
+# The report draws its plots with matplotlib; the test runs the real command on the result
+# files in tools/testdata/bench-results.
+if ! "$py" -c 'import matplotlib' 2>/dev/null; then
+  echo "installing matplotlib (tools/bench report's plots) with pip"
+  "$py" -m pip install -q matplotlib
+fi
+"$py" -m pytest -q tools/benchreport_test.py
+
 if [ $bazel = 1 ]; then
   # Stop this workspace's Bazel server when done (CI machines should not keep a JVM around).
   trap 'tools/bazel shutdown >/dev/null 2>&1 || true' EXIT

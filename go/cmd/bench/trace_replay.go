@@ -54,6 +54,10 @@ type traceResult struct {
 	HitRatio       float64 `json:"hit_ratio"`
 	LRUHits        int64   `json:"lru_hits"`
 	LRURatio       float64 `json:"lru_ratio"`
+	// Belady: the offline optimum at the same capacity (evict the block needed last), the
+	// ceiling of any online policy on this trace.
+	BeladyHits  int64   `json:"belady_hits"`
+	BeladyRatio float64 `json:"belady_ratio"`
 	// NodeLRU: one exact LRU per node at that node's capacity, fed by the client's routing
 	// (equal to LRU on one node). The gap between it and LRU is the ring's imbalance.
 	NodeLRUHits  int64   `json:"node_lru_hits"`
@@ -82,8 +86,8 @@ type traceResult struct {
 }
 
 func (r *traceResult) line() string {
-	return fmt.Sprintf("trace: requests=%d block_refs=%d prefix_hits=%d hit_ratio=%.4f lru_ratio=%.4f max_ratio=%.4f capacity_blocks=%d node_lru_ratio=%.4f efficiency=%.3f",
-		r.Requests, r.BlockRefs, r.PrefixHits, r.HitRatio, r.LRURatio, r.MaxRatio, r.CapacityBlocks, r.NodeLRURatio, r.Efficiency)
+	return fmt.Sprintf("trace: requests=%d block_refs=%d prefix_hits=%d hit_ratio=%.4f lru_ratio=%.4f belady_ratio=%.4f max_ratio=%.4f capacity_blocks=%d node_lru_ratio=%.4f efficiency=%.3f",
+		r.Requests, r.BlockRefs, r.PrefixHits, r.HitRatio, r.LRURatio, r.BeladyRatio, r.MaxRatio, r.CapacityBlocks, r.NodeLRURatio, r.Efficiency)
 }
 
 func traceUsage(w io.Writer, fs *flag.FlagSet) {
@@ -92,7 +96,8 @@ func traceUsage(w io.Writer, fs *flag.FlagSet) {
 Replays an inference trace (Mooncake JSON lines, optionally .gz) against a live cluster: per
 request, in order, BatchExist on its blocks, BatchGet of the hit prefix (bytes verified), BatchPut
 of the blocks after the prefix. Compares the prefix hits with an exact LRU of the cluster's
-capacity in blocks and with an infinite cache.
+capacity in blocks, with Belady's offline optimum (evict the block needed last) and with an
+infinite cache.
 exit status: 0 ok, 1 errors, corrupt bytes or hit_ratio < --min-ratio × lru_ratio, 2 setup error
 flags:
 `)
@@ -409,6 +414,7 @@ func replayTrace(ctx context.Context, c *client.Client, reqs []traceRequest, o *
 		}
 	}
 	res.LRUHits = lruHits(reqs, int(res.CapacityBlocks))
+	res.BeladyHits = beladyHits(reqs, int(res.CapacityBlocks))
 	if nodes > 1 {
 		res.NodeLRUHits, res.NodeShares = nodeLRUHits(c, reqs, snap0.nodeCapacity, res.CapacityBlocks, bb)
 	} else {
@@ -417,6 +423,7 @@ func replayTrace(ctx context.Context, c *client.Client, reqs []traceRequest, o *
 	if facts.BlockRefs > 0 {
 		res.HitRatio = float64(res.PrefixHits) / float64(facts.BlockRefs)
 		res.LRURatio = float64(res.LRUHits) / float64(facts.BlockRefs)
+		res.BeladyRatio = float64(res.BeladyHits) / float64(facts.BlockRefs)
 		res.MaxRatio = float64(maxHits(reqs)) / float64(facts.BlockRefs)
 	}
 	if res.LRURatio > 0 {
@@ -430,7 +437,7 @@ func replayTrace(ctx context.Context, c *client.Client, reqs []traceRequest, o *
 }
 
 // simulatePolicies prints, for the trace at o.capacityBlocks, the hits of each simulated
-// policy and their ratio to an exact LRU: the infinite cache, LRU, the slab's CLOCK (new
+// policy and their ratio to an exact LRU: the infinite cache, LRU, Belady's offline optimum, the slab's CLOCK (new
 // values unreferenced) and the CLOCK the slab had before (referenced on insert); with
 // several --members, the same per node (equal shares) over the client's ring, plus each
 // node's share of the blocks. No node is contacted.
@@ -448,6 +455,7 @@ func simulatePolicies(w io.Writer, reqs []traceRequest, o *traceOptions) error {
 	}
 	line("infinite", maxHits(reqs))
 	line("lru", lru)
+	line("belady", beladyHits(reqs, capBlocks))
 	line("clock", simulate(reqs, newClock(capBlocks, slabMaxRef, false)))
 	line("clock-bit", simulate(reqs, newClock(capBlocks, 1, false)))
 	line("clock-ref-on-insert", simulate(reqs, newClock(capBlocks, 1, true)))

@@ -7,6 +7,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -157,6 +158,54 @@ func TestTraceSimulationMatchesReference(t *testing.T) {
 	}
 }
 
+// Belady's offline optimum on the tiny trace, worked out by hand (positions 0-15; a block
+// whose next reference is farther than every cached block's is not stored): at 1 block, 1
+// stays and hits in r2, r3, r5; at 2, 1 and 2 stay (6 hits, LRU's 2 thrash); at 3, 3 also
+// hits in r3 and r5; at 4, 4 is kept for r7 as well, which only the infinite cache matches.
+func TestBeladyTiny(t *testing.T) {
+	reqs := mustReadTrace(t, tinyTrace)
+	for _, tc := range []struct {
+		capacity int
+		want     int64
+	}{{0, 0}, {1, 3}, {2, 6}, {3, 8}, {4, 9}, {100, 9}} {
+		if got := beladyHits(reqs, tc.capacity); got != tc.want {
+			t.Errorf("Belady of %d blocks: %d hits, want %d", tc.capacity, got, tc.want)
+		}
+	}
+	// One block per request, 1 2 3 3 1 1 2 at 2 blocks: 3 (needed next) must evict 2 (needed
+	// last), not 1: hits 3, 1, 1. LRU evicts 1 for 3, then 2 for 1: hits 3, 1.
+	var single strings.Builder
+	for _, id := range []int{1, 2, 3, 3, 1, 1, 2} {
+		fmt.Fprintf(&single, "{\"timestamp\": 0, \"hash_ids\": [%d]}\n", id)
+	}
+	reqs = mustReadTrace(t, single.String())
+	if got, lru := beladyHits(reqs, 2), lruHits(reqs, 2); got != 3 || lru != 2 {
+		t.Errorf("1 2 3 3 1 1 2 at 2 blocks: Belady %d hits (want 3), LRU %d (want 2)", got, lru)
+	}
+}
+
+// On the shipped trace Belady bounds every simulated policy from above at 1/32 ... 1/4 of
+// the distinct blocks, and the infinite cache bounds it; the ratio to LRU is the headroom
+// an eviction policy could still win (tools/bench report plots it).
+func TestBeladyBoundsShippedTrace(t *testing.T) {
+	reqs, err := loadTrace(shippedTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := factsOf(reqs)
+	inf := maxHits(reqs)
+	for _, frac := range []int64{32, 16, 8, 4} {
+		capBlocks := int(f.Distinct / frac)
+		opt, lru := beladyHits(reqs, capBlocks), lruHits(reqs, capBlocks)
+		clock := simulate(reqs, newClock(capBlocks, slabMaxRef, false))
+		t.Logf("1/%d (%d blocks): belady %d, lru %d (x%.2f), clock %d, infinite %d", frac, capBlocks, opt, lru,
+			float64(opt)/float64(lru), clock, inf)
+		if opt < lru || opt < clock || opt > inf {
+			t.Errorf("1/%d: belady %d hits outside [max(lru %d, clock %d), infinite %d]", frac, opt, lru, clock, inf)
+		}
+	}
+}
+
 func TestBlockFill(t *testing.T) {
 	a, b, c := make([]byte, 1000), make([]byte, 1000), make([]byte, 1000)
 	blockFill(a, 7)
@@ -238,17 +287,19 @@ func TestTraceReplayTiny(t *testing.T) {
 	addr := startMemServer(t, 64<<20)
 	r, code, stderr := runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "tiny")
 	want := traceResult{Nodes: 1, Requests: 7, BlockRefs: 16, DistinctBlocks: 5, BlockBytes: 4096, PrefixHits: 9,
-		LRUHits: 9, CapacityBlocks: 64 << 20 / 4096, CapacityBytes: 64 << 20, LiveBytes: 5 * 4096, Puts: 7, DiskReads: 9, NodeLRUHits: 9}
+		LRUHits: 9, CapacityBlocks: 64 << 20 / 4096, CapacityBytes: 64 << 20, LiveBytes: 5 * 4096, Puts: 7, DiskReads: 9, NodeLRUHits: 9, BeladyHits: 9}
 	got := r
 	got.HitRatio, got.LRURatio, got.MaxRatio, got.Efficiency, got.VsLRU, got.Seconds = 0, 0, 0, 0, 0, 0
-	got.NodeLRURatio, got.VsNodeLRU = 0, 0
-	if d := cmp.Diff(want, got); code != exitOK || d != "" || r.HitRatio != 9.0/16 || r.MaxRatio != 9.0/16 || r.VsLRU != 1 {
+	got.NodeLRURatio, got.VsNodeLRU, got.BeladyRatio = 0, 0, 0
+	if d := cmp.Diff(want, got); code != exitOK || d != "" || r.HitRatio != 9.0/16 || r.MaxRatio != 9.0/16 || r.VsLRU != 1 ||
+		r.BeladyRatio != 9.0/16 {
 		t.Fatalf("exit %d (%s) %+v; diff (-want +got):\n%s", code, stderr, r, d)
 	}
 	// --capacity-blocks sets the LRU's size; --limit replays a prefix of the trace.
 	r, code, _ = runTrace(t, "--trace", path, "--members", "n1="+addr, "--block-bytes", "4KiB", "--ns", "tiny2",
 		"--capacity-blocks", "3", "--limit", "5")
-	if code != exitOK || r.Requests != 5 || r.BlockRefs != 15 || r.LRUHits != 6 || r.PrefixHits != 8 {
+	// Belady at 3 blocks over the first 5 requests: 1 2 3 kept for r2, r3, r5 (by hand: 8).
+	if code != exitOK || r.Requests != 5 || r.BlockRefs != 15 || r.LRUHits != 6 || r.PrefixHits != 8 || r.BeladyHits != 8 {
 		t.Fatalf("capacity 3, 5 requests: exit %d %+v", code, r)
 	}
 	// --speed paces request starts by the timestamps (the last request starts at 30 ms).
@@ -361,7 +412,7 @@ func TestSimulateFlag(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	for _, want := range []string{"policy=infinite capacity_blocks=3 hits=9 ", "policy=lru capacity_blocks=3 hits=6 ",
-		"policy=clock ", "policy=clock-bit ", "policy=clock-ref-on-insert ", "policy=node-lru ", "policy=node-clock ", "node_key_shares="} {
+		"policy=belady capacity_blocks=3 hits=8 ", "policy=clock ", "policy=clock-bit ", "policy=clock-ref-on-insert ", "policy=node-lru ", "policy=node-clock ", "node_key_shares="} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
