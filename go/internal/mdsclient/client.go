@@ -118,6 +118,8 @@ func (c *Client) Call(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRespo
 	if uint64(len(payload)) > wire.DefaultLimits().MaxControl {
 		return nil, "", fmt.Errorf("%w: request of %d bytes exceeds the control limit", ErrRejected, len(payload))
 	}
+	// A long poll may be held by the MDS for its wait: each attempt's deadline covers it.
+	wait := time.Duration(req.WaitMS) * time.Millisecond
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
@@ -127,7 +129,7 @@ func (c *Client) Call(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRespo
 			break
 		}
 		ep := c.eps[c.cur]
-		resp, err := c.attempt(ctx, ep, payload)
+		resp, err := c.attempt(ctx, ep, payload, wait)
 		if err == nil {
 			switch resp.Status {
 			case fb.StatusOk:
@@ -168,7 +170,7 @@ func (c *Client) dropConn() {
 
 // attempt runs one request on ep, reusing the cached connection once; a reused connection
 // that fails with a stale-socket error is retried on a fresh one.
-func (c *Client) attempt(ctx context.Context, ep string, payload []byte) (*wire.MdsResponse, error) {
+func (c *Client) attempt(ctx context.Context, ep string, payload []byte, wait time.Duration) (*wire.MdsResponse, error) {
 	for try := 0; try < 2; try++ {
 		reused := c.conn != nil
 		if !reused {
@@ -189,7 +191,7 @@ func (c *Client) attempt(ctx context.Context, ep string, payload []byte) (*wire.
 			}
 			c.conn = nc
 		}
-		deadline := time.Now().Add(c.opts.CallTimeout)
+		deadline := time.Now().Add(c.opts.CallTimeout + wait)
 		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 			deadline = d
 		}
