@@ -2,6 +2,8 @@ package ring
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"sort"
 	"runtime"
 	"syscall"
 	"testing"
@@ -62,4 +64,38 @@ func BenchmarkNew128(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(cpuTime()-c0)/float64(b.N)/1e6, "cpu-ms/op")
+}
+
+// TestSortPointsMatchesReference: the radix sort orders (hash, owner) exactly as a
+// comparison sort does, also with many equal hashes (ties go to the smaller owner) and
+// on sizes around the insertion-sort cutoff.
+func TestSortPointsMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, 2, 31, 32, 33, 100, 1000, 70000} {
+		for _, dupes := range []bool{false, true} {
+			h := make([]uint64, n)
+			o := make([]int32, n)
+			for i := range h {
+				h[i], o[i] = rng.Uint64(), int32(rng.IntN(50))
+				if dupes {
+					h[i] = uint64(rng.IntN(5)) << 60 // few distinct hashes: long tie runs
+				}
+			}
+			type p struct {
+				h uint64
+				o int32
+			}
+			ref := make([]p, n)
+			for i := range h {
+				ref[i] = p{h[i], o[i]}
+			}
+			sort.Slice(ref, func(i, j int) bool { return ref[i].h < ref[j].h || ref[i].h == ref[j].h && ref[i].o < ref[j].o })
+			sortPoints(h, o)
+			for i := range ref {
+				if h[i] != ref[i].h || o[i] != ref[i].o {
+					t.Fatalf("n=%d dupes=%v: point %d is (%#x,%d), want (%#x,%d)", n, dupes, i, h[i], o[i], ref[i].h, ref[i].o)
+				}
+			}
+		}
+	}
 }
