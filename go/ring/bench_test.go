@@ -3,8 +3,8 @@ package ring
 import (
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"runtime"
+	"sort"
 	"syscall"
 	"testing"
 	"time"
