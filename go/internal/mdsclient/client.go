@@ -38,6 +38,9 @@ type Options struct {
 	MaxResponse uint64        // largest reply payload accepted (default wire.MaxMdsResponse)
 	TLS         *tls.Config   // dial replicas with TLS 1.3, checking the endpoint's host (nil = plaintext)
 	Token       string        // tenant token sent with every call (MDS run with --auth-tokens)
+	// Dial, when set, opens the TCP connections (the cluster harness counts bytes with it);
+	// nil = a net.Dialer with CallTimeout.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Client calls MDS replicas. It keeps one connection to the replica that answered last and
@@ -174,9 +177,13 @@ func (c *Client) attempt(ctx context.Context, ep string, payload []byte, wait ti
 	for try := 0; try < 2; try++ {
 		reused := c.conn != nil
 		if !reused {
-			d := net.Dialer{Timeout: c.opts.CallTimeout}
+			dial := c.opts.Dial
+			if dial == nil {
+				d := net.Dialer{Timeout: c.opts.CallTimeout}
+				dial = d.DialContext
+			}
 			dctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
-			nc, err := d.DialContext(dctx, "tcp", ep)
+			nc, err := dial(dctx, "tcp", ep)
 			if err == nil && c.opts.TLS != nil {
 				var tc net.Conn
 				if tc, err = secure.ClientHandshake(dctx, nc, ep, c.opts.TLS); err != nil {
