@@ -52,6 +52,27 @@ type Server struct {
 	// waitCtx is the context of long polls: it ends first thing in Shutdown.
 	waitCtx    context.Context
 	waitCancel context.CancelFunc
+
+	// The last topology reply encoded: a change wakes every long poll of a group with the
+	// same watched topology, so one encoding serves them all.
+	encMu   sync.Mutex
+	encFor  wire.MdsResponse
+	encoded []byte
+}
+
+// encode encodes resp, reusing the previous encoding for the same topology reply.
+func (s *Server) encode(resp *wire.MdsResponse) []byte {
+	if resp.Topology == nil || resp.Clients != nil || resp.Error != "" {
+		return wire.EncodeMdsResponse(resp)
+	}
+	s.encMu.Lock()
+	defer s.encMu.Unlock()
+	if s.encoded != nil && s.encFor.Topology == resp.Topology && s.encFor.Status == resp.Status &&
+		s.encFor.LeaseTTLMS == resp.LeaseTTLMS && s.encFor.WaitMS == resp.WaitMS {
+		return s.encoded
+	}
+	s.encFor, s.encoded = *resp, wire.EncodeMdsResponse(resp)
+	return s.encoded
 }
 
 // NewServer validates cfg.
@@ -208,7 +229,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		} else {
 			resp = s.cfg.Service.Handle(s.ctx, &mreq)
 		}
-		if !s.reply(nc, fb.StatusOk, wire.EncodeMdsResponse(resp)) {
+		if !s.reply(nc, fb.StatusOk, s.encode(resp)) {
 			return
 		}
 	}
