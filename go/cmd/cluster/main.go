@@ -7,6 +7,7 @@
 // in time (--max-time) and count, and leaves nothing running (children die with it).
 //
 //	dfkv_cluster membership --nodes 8 --clients 50 --rounds 3
+//	dfkv_cluster rolling --nodes 8 --keys 20000
 //
 // membership measures, for every join (a new node registers), drain (SIGTERM: the node
 // deregisters) and death (SIGKILL: its lease expires), the time until each client has the
@@ -15,6 +16,10 @@
 // (client.MDSMembership, sampled every 2 ms). It also reports the MDS replicas' CPU and the
 // clients' MDS bytes per client per minute over an idle window, the HLT1 topology size,
 // and each node's request and byte counters.
+//
+// rolling restarts every node one after another under a read load that rewrites its
+// misses (rolling.go) and reports wrong bytes (must be 0) and how soon the hit ratio is back
+// to 95% of its level before.
 package main
 
 import (
@@ -47,8 +52,11 @@ type options struct {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "rolling" {
+		return rollingMain(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "membership" {
-		fmt.Fprintln(stderr, "usage: dfkv_cluster membership [flags]   (see -h)")
+		fmt.Fprintln(stderr, "usage: dfkv_cluster membership|rolling [flags]   (see -h)")
 		return 2
 	}
 	o := options{}
