@@ -129,12 +129,29 @@ func (c *cluster) startMDS(ctx context.Context) error {
 
 // startNode starts (or restarts, same id and data directory) one dfkv_server that
 // registers with the MDS, and waits until its /readyz says it is registered. Nodes run
-// with GOMAXPROCS=1 and a small slab cap so that a hundred fit on a small machine.
+// with GOMAXPROCS=1 and a small slab cap so that a hundred fit on a small machine. A node
+// that exits before it is ready (e.g. its reserved metrics port was taken meanwhile) is
+// started again on fresh ports, twice at most.
 func (c *cluster) startNode(ctx context.Context, id string) (*node, error) {
+	var err error
+	for try := 0; try < 3; try++ {
+		var n *node
+		if n, err = c.startNodeOnce(ctx, id, try > 0); err == nil {
+			return n, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		c.cfg.log.Warn("node start failed; retrying on new ports", "id", id, "err", err)
+	}
+	return nil, err
+}
+
+func (c *cluster) startNodeOnce(ctx context.Context, id string, fresh bool) (*node, error) {
 	c.mu.Lock()
 	n := c.nodes[id]
 	c.mu.Unlock()
-	if n == nil {
+	if n == nil || fresh {
 		ports, err := freePorts(1)
 		if err != nil {
 			return nil, err
@@ -156,10 +173,22 @@ func (c *cluster) startNode(ctx context.Context, id string) (*node, error) {
 	if err := n.proc.start(); err != nil {
 		return nil, err
 	}
-	if err := waitUntil(ctx, 120*time.Second, 20*time.Millisecond, id+" registered", func() bool {
+	exited := false
+	if err := waitUntil(ctx, 180*time.Second, 20*time.Millisecond, id+" registered", func() bool {
+		if !n.proc.running() {
+			exited = true
+			return true
+		}
 		return httpStatus("http://"+n.metricsAddr+"/readyz") == 200
 	}); err != nil {
 		return nil, err
+	}
+	if exited {
+		b, _ := os.ReadFile(n.proc.logPath)
+		if len(b) > 400 {
+			b = b[len(b)-400:]
+		}
+		return nil, fmt.Errorf("%s exited before it was ready: %s", id, strings.TrimSpace(string(b)))
 	}
 	b, _ := os.ReadFile(filepath.Join(c.cfg.dir, "node-"+id, "addr"))
 	n.addr = strings.TrimSpace(string(b))
