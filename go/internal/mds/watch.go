@@ -176,8 +176,10 @@ func (g *groupWatch) list(w Watcher, prefix string, healthy bool) (int64, bool) 
 	return rev, true
 }
 
-// watch returns the group's watched copy, starting its watch on first use; nil when the
-// store cannot watch, the service is stopping or too many groups are watched.
+// watch returns the group's watched copy, starting its watch on first use, with one more
+// waiter counted (under watchMu, so that an idle watch cannot retire between the lookup and
+// the count; the caller must call done); nil when the store cannot watch, the service is
+// stopping or too many groups are watched.
 func (s *Service) watch(group string) *groupWatch {
 	w, ok := s.cfg.Store.(Watcher)
 	if !ok {
@@ -188,17 +190,31 @@ func (s *Service) watch(group string) *groupWatch {
 	if s.waitsStopped {
 		return nil
 	}
-	if g := s.watches[group]; g != nil {
-		return g
+	g := s.watches[group]
+	if g == nil {
+		if len(s.watches) >= maxWatchedGroups {
+			return nil
+		}
+		g = &groupWatch{svc: s, group: group, changed: make(chan struct{})}
+		s.watches[group] = g
+		s.watchWG.Add(1)
+		go g.run(w)
 	}
-	if len(s.watches) >= maxWatchedGroups {
-		return nil
-	}
-	g := &groupWatch{svc: s, group: group, changed: make(chan struct{}), used: time.Now()}
-	s.watches[group] = g
-	s.watchWG.Add(1)
-	go g.run(w)
+	g.mu.Lock()
+	g.waiters++
+	g.used = time.Now()
+	g.mu.Unlock()
+	s.cfg.Metrics.waiters(1)
 	return g
+}
+
+// done ends one waiter counted by Service.watch.
+func (g *groupWatch) done() {
+	g.mu.Lock()
+	g.waiters--
+	g.used = time.Now()
+	g.mu.Unlock()
+	g.svc.cfg.Metrics.waiters(-1)
 }
 
 // longPoll answers a ListTopology with a wait. It returns the topology as soon as its
@@ -217,18 +233,7 @@ func (s *Service) longPoll(ctx context.Context, group string, known uint64, wait
 		}
 		return &wire.MdsResponse{LeaseTTLMS: ttlMS, Topology: topo}, nil // WaitMS 0: poll me
 	}
-	g.mu.Lock()
-	g.waiters++
-	g.used = time.Now()
-	g.mu.Unlock()
-	s.cfg.Metrics.waiters(1)
-	defer func() {
-		g.mu.Lock()
-		g.waiters--
-		g.used = time.Now()
-		g.mu.Unlock()
-		s.cfg.Metrics.waiters(-1)
-	}()
+	defer g.done()
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {

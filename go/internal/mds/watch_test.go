@@ -120,10 +120,12 @@ func TestLongPollEtcdUnhealthy(t *testing.T) {
 	st.SetDown(false)
 	down.Store(false)
 	// Back: the copy is rebuilt and long polls are held again, then woken by a change.
+	g := svc.watch("g")
 	waitUntil(t, 3*time.Second, func() bool {
-		_, synced, _ := svc.watch("g").state()
+		_, synced, _ := g.state()
 		return synced
 	})
+	g.done()
 	held = longPollAsync(svc, known, 20*time.Second)
 	time.Sleep(100 * time.Millisecond)
 	call(t, svc, wire.MdsRequest{Op: fb.MdsOpRegisterMember, Group: "g", Member: member("n2", "h:2")})
