@@ -25,8 +25,13 @@ import (
 type MDSOptions struct {
 	Endpoints []string // MDS replicas, host:port
 	Group     string   // default "default"
-	// Poll is the topology poll period (default 3s).
+	// Poll is the topology poll period (default 3s) when the MDS does not hold long polls
+	// (an older MDS), after a failed call, and while the shrink guard holds a topology.
 	Poll time.Duration
+	// LongPoll is how long the MDS may hold a topology request until the ring changes
+	// (default DefaultLongPoll; negative: never long-poll, poll every Poll). A change
+	// reaches the client as soon as the MDS sees it in etcd.
+	LongPoll time.Duration
 	// ShrinkPolls: a topology that removes more than half of the current members is adopted
 	// only after this many consecutive polls returned such a shrink (default 3; 1 = at once).
 	ShrinkPolls int
@@ -79,6 +84,7 @@ type MDSMembership struct {
 	shrinkSeen int        // consecutive polls that returned a guarded shrink
 	recent     []recentView
 	lastErr    error
+	topoEpoch  uint64 // TopologyEpoch of the last topology received (adopted or not)
 
 	polls       *prometheus.CounterVec
 	viewChanges prometheus.Counter
@@ -95,6 +101,11 @@ type recentView struct {
 	ids   map[string]bool
 	until int // poll after which it stopped being current; -1 while current
 }
+
+// DefaultLongPoll is MDSOptions.LongPoll's default: short enough that a replica that stops
+// answering without closing its connection (a hung process, a partition) is left within
+// it, long enough that an idle client costs the MDS a few requests a minute.
+const DefaultLongPoll = 10 * time.Second
 
 // ErrNoMDS: MDS discovery was asked for without endpoints.
 var ErrNoMDS = errors.New("dfkv: no MDS endpoints")
@@ -113,6 +124,10 @@ func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	if o.Poll <= 0 {
 		o.Poll = 3 * time.Second
 	}
+	if o.LongPoll == 0 {
+		o.LongPoll = DefaultLongPoll
+	}
+	o.LongPoll = min(o.LongPoll, time.Minute)
 	if o.ShrinkPolls <= 0 {
 		o.ShrinkPolls = 3
 	}
@@ -146,7 +161,7 @@ func NewMDSMembership(o MDSOptions) (*MDSMembership, error) {
 	m.view.Store(empty)
 
 	ctx, cancel := context.WithTimeout(m.ctx, o.InitialWait)
-	if err := m.poll(ctx); err != nil {
+	if _, err := m.poll(ctx, 0); err != nil {
 		o.Logger.Warn("dfkv: no topology from the MDS yet; starting with an empty ring and polling", "endpoints", o.Endpoints, "err", err)
 	}
 	cancel()
@@ -188,31 +203,57 @@ func (m *MDSMembership) startRegistration() error {
 	return nil
 }
 
+// loop follows the topology: back-to-back long polls while the MDS holds them, else (an
+// older MDS, a failed call, a topology held by the shrink guard) a plain poll every Poll.
 func (m *MDSMembership) loop() {
 	defer close(m.done)
-	t := time.NewTicker(m.o.Poll)
-	defer t.Stop()
+	held := true // the last answer was a long poll (or none yet): ask at once
 	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case <-t.C:
+		m.mu.Lock()
+		guarding := m.shrinkSeen > 0
+		m.mu.Unlock()
+		wait := m.o.LongPoll
+		if guarding || wait < 0 {
+			wait = 0 // the guard counts consecutive answers: they must come every Poll
 		}
-		ctx, cancel := context.WithTimeout(m.ctx, m.o.CallTimeout*time.Duration(len(m.o.Endpoints)))
-		if err := m.poll(ctx); err != nil {
+		if !held || wait == 0 {
+			t := time.NewTimer(m.o.Poll)
+			select {
+			case <-m.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		if m.ctx.Err() != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(m.ctx, wait+m.o.CallTimeout*time.Duration(len(m.o.Endpoints)+1))
+		var err error
+		held, err = m.poll(ctx, wait)
+		if err != nil {
 			m.o.Logger.Debug("dfkv: topology poll failed; keeping the last good ring", "err", err)
 		}
 		cancel()
 	}
 }
 
-// poll fetches the topology once and applies it. The fetch runs without m.mu: only the
-// view swap and the shrink-guard bookkeeping take it. Polls themselves are sequential (the
-// first from NewMDSMembership, the rest from loop), so the view cannot change under a fetch.
-func (m *MDSMembership) poll(ctx context.Context) error {
+// poll fetches the topology once (a long poll when wait > 0) and applies it; held reports
+// that the MDS honoured the wait. The fetch runs without m.mu: only the view swap and the
+// shrink-guard bookkeeping take it. Polls themselves are sequential (the first from
+// NewMDSMembership, the rest from loop), so the view cannot change under a fetch.
+func (m *MDSMembership) poll(ctx context.Context, wait time.Duration) (held bool, err error) {
 	known := m.view.Load().Epoch
-	resp, _, err := m.rpc.Call(ctx, &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: m.o.Group, KnownMembersEpoch: known})
-	if err == nil && resp.Topology == nil {
+	m.mu.Lock()
+	knownTopo := m.topoEpoch
+	m.mu.Unlock()
+	req := &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: m.o.Group, KnownMembersEpoch: known}
+	if wait > 0 {
+		req.WaitMS, req.KnownTopologyEpoch = uint32(wait/time.Millisecond), knownTopo
+	}
+	resp, _, err := m.rpc.Call(ctx, req)
+	unchanged := err == nil && resp.Topology == nil && wait > 0 && resp.WaitMS > 0
+	if err == nil && resp.Topology == nil && !unchanged {
 		err = fmt.Errorf("%w: topology reply without a topology", ErrProtocol)
 	}
 	m.mu.Lock()
@@ -223,20 +264,26 @@ func (m *MDSMembership) poll(ctx context.Context) error {
 			m.o.Logger.Warn("dfkv: MDS unreachable; keeping the last good ring", "err", err)
 		}
 		m.lastErr = err
-		return err
+		return false, err
 	}
 	m.polls.WithLabelValues("ok").Inc()
+	held = wait > 0 && resp.WaitMS > 0
+	if m.lastErr != nil {
+		m.o.Logger.Info("dfkv: MDS reachable again")
+		m.lastErr = nil
+	}
+	if unchanged {
+		m.polled++
+		return held, nil
+	}
+	m.topoEpoch = resp.Topology.TopologyEpoch
 	rails := make(map[string][]wire.Rail, len(resp.Topology.Members))
 	for _, tm := range resp.Topology.Members {
 		rails[tm.Addr] = tm.Rails
 	}
 	m.rails.Store(&rails)
 	m.polled++
-	if m.lastErr != nil {
-		m.o.Logger.Info("dfkv: MDS reachable again")
-		m.lastErr = nil
-	}
-	return m.apply(resp.Topology)
+	return held, m.apply(resp.Topology)
 }
 
 // apply installs topo when its MembersEpoch differs from the current view's, subject to the

@@ -88,6 +88,9 @@ func newMembership(t *testing.T, o MDSOptions) *MDSMembership {
 	o.Group, o.Logger = "g", quietLog()
 	if o.Poll == 0 {
 		o.Poll = time.Hour // tests drive polls by hand
+		if o.LongPoll == 0 {
+			o.LongPoll = -1
+		}
 	}
 	o.CallTimeout = 500 * time.Millisecond
 	m, err := NewMDSMembership(o)
@@ -102,7 +105,8 @@ func pollOnce(t *testing.T, m *MDSMembership) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	return m.poll(ctx)
+	_, err := m.poll(ctx, 0)
+	return err
 }
 
 func TestMDSMembershipFollowsEpoch(t *testing.T) {
@@ -452,5 +456,54 @@ func TestMDSMembershipViewDuringPolls(t *testing.T) {
 	wg.Wait()
 	if reads.Load() == 0 {
 		t.Fatal("no concurrent reads happened")
+	}
+}
+
+// TestMDSMembershipLongPoll: with the defaults (long polls), a join and a drain reach the
+// client's ring well inside a poll period; against an MDS that does not hold long polls
+// (its store cannot watch: as an older MDS answers) the client falls back to polling
+// every Poll, and still follows the ring.
+func TestMDSMembershipLongPoll(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		watch bool
+		bound time.Duration
+	}{{"long poll", true, time.Second}, {"older MDS: polling", false, 3 * time.Second}} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := mds.NewMemStore()
+			var store mds.Store = st
+			if !tc.watch {
+				store = struct{ mds.Store }{st} // hides the Watcher methods
+			}
+			svc, err := mds.NewService(mds.Config{Store: store, LeaseTTL: time.Hour, Logger: quietLog()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(svc.Close)
+			srv := &testMDS{store: st, svc: svc}
+			addr, _ := srv.replica(t)
+			srv.set(t, "n1", "n2")
+			poll := 2 * time.Second
+			m := newMembership(t, MDSOptions{Endpoints: []string{addr}, Poll: poll})
+			if len(m.View().Members) != 2 {
+				t.Fatalf("initial view %v", ids(m.View()))
+			}
+			time.Sleep(300 * time.Millisecond) // the loop is now inside its first long poll (or poll wait)
+			for _, want := range [][]string{{"n1", "n2", "n3"}, {"n1", "n3"}} {
+				srv.set(t, want...)
+				t0 := time.Now()
+				for strings.Join(ids(m.View()), ",") != strings.Join(want, ",") {
+					if time.Since(t0) > tc.bound+poll {
+						t.Fatalf("view %v, want %v after %v", ids(m.View()), want, time.Since(t0))
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				took := time.Since(t0)
+				t.Logf("%v reached the client after %v", want, took.Round(time.Millisecond))
+				if tc.watch && took > tc.bound {
+					t.Fatalf("a pushed change took %v (bound %v)", took, tc.bound)
+				}
+			}
+		})
 	}
 }

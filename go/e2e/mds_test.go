@@ -47,7 +47,7 @@ func startMDS(t *testing.T, name string, etcd []string) *mdsProc {
 	port, mport := freePort(t), freePort(t)
 	m := &mdsProc{t: t, name: name, addr: fmt.Sprintf("127.0.0.1:%d", port), metricsAddr: fmt.Sprintf("127.0.0.1:%d", mport)}
 	m.args = append([]string{"--host", "127.0.0.1", "--listen", strconv.Itoa(port), "--metrics-port", strconv.Itoa(mport),
-		"--lease-ttl", mdsTTL.String(), "--ready-probe-interval", "200ms", "--etcd-timeout", "1s", "--log-level", "warn"}, etcd...)
+		"--lease-ttl", mdsTTL.String(), "--client-lease-ttl", mdsTTL.String(), "--ready-probe-interval", "200ms", "--etcd-timeout", "1s", "--log-level", "warn"}, etcd...)
 	m.start()
 	t.Cleanup(m.kill)
 	return m

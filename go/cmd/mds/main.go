@@ -35,6 +35,7 @@ type options struct {
 	host, listen, etcd, addrFile, logLevel string
 	etcdClientAddr, etcdPeerAddr           string
 	leaseTTL, etcdTimeout, probeInterval   time.Duration
+	clientLeaseTTL                         time.Duration
 	statusPoll                             time.Duration
 	metricsPort, maxConns, firstReqMS      int
 	showVersion                            bool
@@ -50,12 +51,13 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.etcd, "etcd", "embedded:"+cli.DataDir("etcd"), "etcd endpoints host:port[,...], or embedded:DIR to run etcd in-process")
 	fs.StringVar(&o.etcdClientAddr, "etcd-client-addr", "127.0.0.1:2379", "embedded etcd: client listener (other MDS replicas may use it as --etcd)")
 	fs.StringVar(&o.etcdPeerAddr, "etcd-peer-addr", "127.0.0.1:2380", "embedded etcd: peer listener")
-	fs.DurationVar(&o.leaseTTL, "lease-ttl", 30*time.Second, "lease of every registration: a holder that stops heartbeating leaves after it")
+	fs.DurationVar(&o.leaseTTL, "lease-ttl", mds.DefaultLeaseTTL, "lease of a cache node's registration: a node that stops heartbeating (TTL/3) leaves the ring after it")
+	fs.DurationVar(&o.clientLeaseTTL, "client-lease-ttl", mds.DefaultClientLeaseTTL, "lease of a client's registration (dfkvctl clients); clients are never in the ring")
 	fs.DurationVar(&o.etcdTimeout, "etcd-timeout", 1500*time.Millisecond, "deadline of the etcd work of one request (below the clients' 2 s MDS deadline, so an etcd outage answers IOError instead of timing clients out)")
 	fs.DurationVar(&o.probeInterval, "ready-probe-interval", time.Second, "how often /readyz's etcd probe runs (the answer is cached)")
 	fs.IntVar(&o.metricsPort, "metrics-port", 0, "HTTP port for /metrics, /healthz, /readyz and the /status page (0 = off)")
 	fs.DurationVar(&o.statusPoll, "status-poll", 5*time.Second, "/status: how often the page refreshes and re-scrapes the nodes' /metrics")
-	fs.IntVar(&o.maxConns, "max-conns", 1024, "open MDS connections allowed")
+	fs.IntVar(&o.maxConns, "max-conns", mds.DefaultMaxConns, "open MDS connections allowed (a client following the ring holds up to two)")
 	fs.IntVar(&o.firstReqMS, "first-req-ms", 10000, "a new connection must send its first request within this")
 	fs.StringVar(&o.addrFile, "addr-file", "", "write the bound MDS address (host:port) to this file once listening")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
@@ -77,8 +79,8 @@ func parse(args []string) (*options, error) {
 	if err := cli.ApplyEnv(fs); err != nil {
 		return nil, err
 	}
-	if o.leaseTTL < time.Second {
-		return nil, fmt.Errorf("--lease-ttl %v: at least 1s", o.leaseTTL)
+	if o.leaseTTL < time.Second || o.clientLeaseTTL < time.Second {
+		return nil, fmt.Errorf("--lease-ttl %v / --client-lease-ttl %v: at least 1s", o.leaseTTL, o.clientLeaseTTL)
 	}
 	if o.etcdTimeout <= 0 || o.probeInterval <= 0 || o.statusPoll <= 0 {
 		return nil, errors.New("--etcd-timeout, --ready-probe-interval and --status-poll must be positive")
@@ -155,13 +157,14 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 	reg := cli.NewRegistry("dfkv_mds_build_info", "Build and etcd mode of this MDS.", "etcd", mode)
 	m := mds.NewMetrics(reg)
 
-	svc, err := mds.NewService(mds.Config{Store: store, LeaseTTL: o.leaseTTL, CallTimeout: o.etcdTimeout, Logger: log, Metrics: m})
-	if err != nil {
-		return err
-	}
 	prober := mds.NewProber(store, o.probeInterval, min(o.etcdTimeout, o.probeInterval*2), 2, m)
 	prober.Start()
 	defer prober.Stop()
+	svc, err := mds.NewService(mds.Config{Store: store, LeaseTTL: o.leaseTTL, ClientLeaseTTL: o.clientLeaseTTL, CallTimeout: o.etcdTimeout,
+		Healthy: prober.Ready, Logger: log, Metrics: m})
+	if err != nil {
+		return err
+	}
 	stopRefresh := refreshGauges(svc, m, o.etcdTimeout)
 	defer stopRefresh()
 
@@ -208,7 +211,7 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 		ln.Close()
 		return err
 	}
-	log.Info("dfkv_mds listening", "addr", addr, "etcd", strings.Join(endpoints, ","), "mode", mode, "lease_ttl", o.leaseTTL, "version", version.Version)
+	log.Info("dfkv_mds listening", "addr", addr, "etcd", strings.Join(endpoints, ","), "mode", mode, "lease_ttl", o.leaseTTL, "client_lease_ttl", o.clientLeaseTTL, "version", version.Version)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -220,6 +223,7 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(ctx)
+	svc.Close()
 	if httpSrv != nil {
 		_ = httpSrv.Close(ctx)
 	}

@@ -29,6 +29,9 @@ const (
 	envCallTimeout = "DFKV_MDS_TIMEOUT_MS"   // per-replica request deadline (default 2000)
 	envRegister    = "DFKV_CLIENT_REGISTER"  // "0": never register, whatever the flags say
 	envFanout      = "DFKV_FANOUT_THREADS"   // batch chunk goroutines per client (default 32)
+	// How long the MDS may hold a topology request until the ring changes (default
+	// client.DefaultLongPoll); 0 turns long polls off (a plain poll every mds_poll_ms).
+	envLongPoll = "DFKV_MDS_LONG_POLL_MS"
 	// The placement ring's density (default ring.PointsPerWeight); 160 routes like the first
 	// releases, for a rolling upgrade.
 	envRingPoints = "DFKV_RING_POINTS_PER_WEIGHT"
@@ -106,6 +109,16 @@ func mdsOptions(o *Options) (client.MDSOptions, error) {
 	if err != nil {
 		return client.MDSOptions{}, err
 	}
+	longPoll := time.Duration(0) // the library's default
+	if v := strings.TrimSpace(os.Getenv(envLongPoll)); v == "0" {
+		longPoll = -1
+	} else if v != "" {
+		ms, err := envInt(envLongPoll, 0)
+		if err != nil {
+			return client.MDSOptions{}, err
+		}
+		longPoll = time.Duration(ms) * time.Millisecond
+	}
 	tlsCfg, token, err := securityEnv()
 	if err != nil {
 		return client.MDSOptions{}, err
@@ -115,7 +128,7 @@ func mdsOptions(o *Options) (client.MDSOptions, error) {
 	return client.MDSOptions{
 		TLS: tlsCfg, Token: token,
 		Endpoints: eps, Group: o.MDSGroup,
-		Poll:        time.Duration(o.MDSPollMS) * time.Millisecond,
+		Poll: time.Duration(o.MDSPollMS) * time.Millisecond, LongPoll: longPoll,
 		ShrinkPolls: shrink, CallTimeout: time.Duration(timeoutMS) * time.Millisecond,
 		Register: register, ClientID: o.ClientID, Info: info,
 		Heartbeat: time.Duration(o.ClientHeartbeatMS) * time.Millisecond,

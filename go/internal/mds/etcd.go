@@ -150,16 +150,50 @@ func (s *EtcdStore) Delete(ctx context.Context, key string) error {
 
 // List reads up to limit keys under prefix.
 func (s *EtcdStore) List(ctx context.Context, prefix string, limit int) ([]KV, error) {
+	kvs, _, err := s.ListRev(ctx, prefix, limit)
+	return kvs, err
+}
+
+// ListRev is List with the revision of the (linearizable) read.
+func (s *EtcdStore) ListRev(ctx context.Context, prefix string, limit int) ([]KV, int64, error) {
 	get, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithLimit(int64(limit)),
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
-		return nil, backend("list", err)
+		return nil, 0, backend("list", err)
 	}
 	out := make([]KV, len(get.Kvs))
 	for i, kv := range get.Kvs {
 		out[i] = KV{Key: string(kv.Key), Value: kv.Value}
 	}
-	return out, nil
+	return out, get.Header.Revision, nil
+}
+
+// Watch streams changes under prefix from rev on. WithRequireLeader ends the watch when the
+// etcd member it is attached to loses its leader (a partitioned member would otherwise
+// just go quiet); the caller then lists again through a member that has a quorum.
+func (s *EtcdStore) Watch(ctx context.Context, prefix string, rev int64) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	go func() {
+		defer close(out)
+		for wr := range wch {
+			if wr.Err() != nil || wr.Canceled {
+				// Drain until clientv3 closes the channel (it does once ctx ends).
+				go func() {
+					for range wch {
+					}
+				}()
+				return
+			}
+			if len(wr.Events) > 0 {
+				select {
+				case out <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return out
 }
 
 // Ping runs a linearizable count-only read: it succeeds only when a quorum answers.

@@ -26,6 +26,8 @@ type Metrics struct {
 	GroupMembers  *prometheus.GaugeVec   // group
 	GroupClients  *prometheus.GaugeVec   // group
 	EpochChanges  *prometheus.CounterVec // group
+	Waiters       prometheus.Gauge       // long polls being held
+	WatchListings *prometheus.CounterVec // reason
 
 	mu     sync.Mutex
 	groups map[string]bool
@@ -48,20 +50,34 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		GroupClients:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dfkv_mds_group_clients", Help: "Clients registered in a group (as of the last listing)."}, []string{"group"}),
 		EpochChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_mds_group_epoch_changes_total",
 			Help: "Changes of a group's MembersEpoch (ring placement) seen by this MDS's listings; the first listing counts one."}, []string{"group"}),
+		Waiters: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dfkv_mds_topology_waiters", Help: "Topology long polls this MDS is holding (one per client following the ring)."}),
+		WatchListings: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_mds_watch_listings_total",
+			Help: "Listings of a watched group by reason (event: an etcd watch event; resync: periodic; watch_ended, unhealthy: the watch stopped)."}, []string{"reason"}),
 		groups: map[string]bool{},
 		epochs: map[string]uint64{},
 	}
-	reg.MustRegister(m.Requests, m.Latency, m.Connections, m.ConnsRejected, m.FramesInvalid, m.BadRecords, m.EtcdUp, m.EtcdProbes, m.GroupMembers, m.GroupClients, m.EpochChanges)
+	reg.MustRegister(m.Requests, m.Latency, m.Connections, m.ConnsRejected, m.FramesInvalid, m.BadRecords, m.EtcdUp, m.EtcdProbes, m.GroupMembers, m.GroupClients, m.EpochChanges, m.Waiters, m.WatchListings)
 	return m
 }
 
-func (m *Metrics) request(op fb.MdsOp, st fb.Status, d time.Duration) {
+func (m *Metrics) request(name string, st fb.Status, d time.Duration) {
 	if m == nil {
 		return
 	}
-	name := op.String()
 	m.Requests.WithLabelValues(name, fb.EnumNamesStatus[st]).Inc()
 	m.Latency.WithLabelValues(name).Observe(d.Seconds())
+}
+
+func (m *Metrics) waiters(d float64) {
+	if m != nil {
+		m.Waiters.Add(d)
+	}
+}
+
+func (m *Metrics) watchListing(reason string) {
+	if m != nil {
+		m.WatchListings.WithLabelValues(reason).Inc()
+	}
 }
 
 func (m *Metrics) badRecord() {

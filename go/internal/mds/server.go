@@ -14,13 +14,17 @@ import (
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
+// DefaultMaxConns: a client following the ring holds two connections (its long poll and
+// its registration heartbeats), and all of them may land on one replica when another is down.
+const DefaultMaxConns = 8192
+
 // ErrServerClosed is returned by Serve after Shutdown.
 var ErrServerClosed = errors.New("mds: server closed")
 
 // ServerConfig configures the MDS listener.
 type ServerConfig struct {
 	Service             *Service
-	MaxConns            int           // default 1024
+	MaxConns            int           // default DefaultMaxConns
 	FirstRequestTimeout time.Duration // default 10s
 	IdleTimeout         time.Duration // default 120s
 	IOTimeout           time.Duration // per frame body and reply, default 10s
@@ -45,6 +49,30 @@ type Server struct {
 	wg     sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
+	// waitCtx is the context of long polls: it ends first thing in Shutdown.
+	waitCtx    context.Context
+	waitCancel context.CancelFunc
+
+	// The last topology reply encoded: a change wakes every long poll of a group with the
+	// same watched topology, so one encoding serves them all.
+	encMu   sync.Mutex
+	encFor  wire.MdsResponse
+	encoded []byte
+}
+
+// encode encodes resp, reusing the previous encoding for the same topology reply.
+func (s *Server) encode(resp *wire.MdsResponse) []byte {
+	if resp.Topology == nil || resp.Clients != nil || resp.Error != "" {
+		return wire.EncodeMdsResponse(resp)
+	}
+	s.encMu.Lock()
+	defer s.encMu.Unlock()
+	if s.encoded != nil && s.encFor.Topology == resp.Topology && s.encFor.Status == resp.Status &&
+		s.encFor.LeaseTTLMS == resp.LeaseTTLMS && s.encFor.WaitMS == resp.WaitMS {
+		return s.encoded
+	}
+	s.encFor, s.encoded = *resp, wire.EncodeMdsResponse(resp)
+	return s.encoded
 }
 
 // NewServer validates cfg.
@@ -53,7 +81,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, errors.New("mds: no service")
 	}
 	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = 1024
+		cfg.MaxConns = DefaultMaxConns
 	}
 	if cfg.FirstRequestTimeout <= 0 {
 		cfg.FirstRequestTimeout = 10 * time.Second
@@ -68,8 +96,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	waitCtx, waitCancel := context.WithCancel(ctx)
 	return &Server{cfg: cfg, limits: wire.DefaultLimits(), sem: make(chan struct{}, cfg.MaxConns),
-		conns: map[net.Conn]struct{}{}, ctx: ctx, cancel: cancel}, nil
+		conns: map[net.Conn]struct{}{}, ctx: ctx, cancel: cancel, waitCtx: waitCtx, waitCancel: waitCancel}, nil
 }
 
 // Serve accepts connections until Shutdown.
@@ -195,10 +224,12 @@ func (s *Server) serveConn(nc net.Conn) {
 			resp = &wire.MdsResponse{Status: fb.StatusInvalid, Error: err.Error()}
 		} else if !s.permitted(&mreq) {
 			resp = &wire.MdsResponse{Status: fb.StatusForbidden, Error: "forbidden: the request's token does not grant " + fb.EnumNamesMdsOp[mreq.Op]}
+		} else if mreq.Op == fb.MdsOpListTopology && mreq.WaitMS > 0 {
+			resp = s.cfg.Service.Handle(s.waitCtx, &mreq)
 		} else {
 			resp = s.cfg.Service.Handle(s.ctx, &mreq)
 		}
-		if !s.reply(nc, fb.StatusOk, wire.EncodeMdsResponse(resp)) {
+		if !s.reply(nc, fb.StatusOk, s.encode(resp)) {
 			return
 		}
 	}
@@ -236,6 +267,7 @@ func isTimeout(err error) bool {
 // Shutdown stops accepting, closes idle connections and waits (bounded by ctx) for
 // in-flight requests; the rest are closed when ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.waitCancel() // long polls answer "unchanged" now; their clients move on
 	s.mu.Lock()
 	s.closed = true
 	if s.ln != nil {

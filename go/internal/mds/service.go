@@ -10,6 +10,7 @@ import (
 	"net"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/wire"
@@ -32,8 +33,16 @@ func ClientsPrefix(group string) string { return KeyRoot + group + "/clients/" }
 
 // Config configures a Service.
 type Config struct {
-	Store       Store
-	LeaseTTL    time.Duration // default 30s
+	Store Store
+	// LeaseTTL is the lease of a member (cache node) registration: how long a node that
+	// died stays in the ring (default DefaultLeaseTTL).
+	LeaseTTL time.Duration
+	// ClientLeaseTTL is the lease of a client registration (default DefaultClientLeaseTTL).
+	// Clients are never in the ring, so theirs can be long and their heartbeats rare.
+	ClientLeaseTTL time.Duration
+	// Healthy, when set, reports whether etcd is reachable (the /readyz prober); while it
+	// fails, long polls are answered from direct etcd reads, not the watched copy.
+	Healthy     func() error
 	CallTimeout time.Duration // deadline of one request's etcd work (default 3s)
 	MaxList     int           // most keys one list returns (default 65536)
 	Logger      *slog.Logger
@@ -41,9 +50,24 @@ type Config struct {
 	Now         func() time.Time
 }
 
-// Service answers MDS requests. It keeps no membership state of its own.
+// Default lease TTLs. A member's bounds how long a dead node keeps receiving its keys'
+// requests (its clients cool it down meanwhile): lease expiry, at most one heartbeat
+// interval (TTL/3) plus etcd's 500 ms expiry sweep after the death, then a pushed change.
+const (
+	DefaultLeaseTTL       = 6 * time.Second
+	DefaultClientLeaseTTL = 30 * time.Second
+)
+
+// Service answers MDS requests. It keeps no membership state of its own: the watched
+// copies that answer long polls are derived from etcd (watch.go).
 type Service struct {
 	cfg Config
+
+	watchMu      sync.Mutex
+	watches      map[string]*groupWatch
+	waitsStopped bool
+	stopWaits    chan struct{}
+	watchWG      sync.WaitGroup
 }
 
 // NewService validates cfg.
@@ -52,10 +76,13 @@ func NewService(cfg Config) (*Service, error) {
 		return nil, errors.New("mds: no store")
 	}
 	if cfg.LeaseTTL <= 0 {
-		cfg.LeaseTTL = 30 * time.Second
+		cfg.LeaseTTL = DefaultLeaseTTL
 	}
-	if cfg.LeaseTTL < time.Second {
-		return nil, fmt.Errorf("mds: lease ttl %v below 1s", cfg.LeaseTTL)
+	if cfg.ClientLeaseTTL <= 0 {
+		cfg.ClientLeaseTTL = DefaultClientLeaseTTL
+	}
+	if cfg.LeaseTTL < time.Second || cfg.ClientLeaseTTL < time.Second {
+		return nil, fmt.Errorf("mds: lease ttl %v / client lease ttl %v: below 1s", cfg.LeaseTTL, cfg.ClientLeaseTTL)
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 3 * time.Second
@@ -69,11 +96,14 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{cfg: cfg}, nil
+	return &Service{cfg: cfg, watches: map[string]*groupWatch{}, stopWaits: make(chan struct{})}, nil
 }
 
-// LeaseTTL is the lease every registration gets.
+// LeaseTTL is the lease every member registration gets.
 func (s *Service) LeaseTTL() time.Duration { return s.cfg.LeaseTTL }
+
+// ClientLeaseTTL is the lease every client registration gets.
+func (s *Service) ClientLeaseTTL() time.Duration { return s.cfg.ClientLeaseTTL }
 
 // validName accepts ids and group names that are safe as one etcd key segment.
 func validName(what, s string) error {
@@ -109,8 +139,14 @@ func validMember(m *wire.Member) error {
 // configured call timeout (and ctx).
 func (s *Service) Handle(ctx context.Context, req *wire.MdsRequest) *wire.MdsResponse {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
-	defer cancel()
+	op := req.Op.String()
+	if req.Op == fb.MdsOpListTopology && req.WaitMS > 0 {
+		op = "WaitTopology" // a long poll bounds its own etcd reads; its wait is not latency
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.CallTimeout)
+		defer cancel()
+	}
 	resp, err := s.handle(ctx, req)
 	if resp == nil {
 		resp = &wire.MdsResponse{}
@@ -126,7 +162,7 @@ func (s *Service) Handle(ctx context.Context, req *wire.MdsRequest) *wire.MdsRes
 		resp.Status, resp.Error = fb.StatusIOError, err.Error()
 		s.cfg.Logger.Warn("mds request failed", "op", req.Op.String(), "group", req.Group, "err", err)
 	}
-	s.cfg.Metrics.request(req.Op, resp.Status, time.Since(start))
+	s.cfg.Metrics.request(op, resp.Status, time.Since(start))
 	return resp
 }
 
@@ -168,6 +204,9 @@ func (s *Service) handle(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRe
 		s.cfg.Logger.Info("member deregistered", "group", group, "id", req.Member.ID)
 		return &wire.MdsResponse{}, nil
 	case fb.MdsOpListTopology:
+		if req.WaitMS > 0 {
+			return s.longPoll(ctx, group, req.KnownTopologyEpoch, time.Duration(req.WaitMS)*time.Millisecond)
+		}
 		topo, err := s.Topology(ctx, group)
 		if err != nil {
 			return nil, err
@@ -181,6 +220,7 @@ func (s *Service) handle(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRe
 			return nil, err
 		}
 		key := ClientsPrefix(group) + req.Client.ID
+		ttlMS := uint32(s.cfg.ClientLeaseTTL / time.Millisecond)
 		var err error
 		switch req.Op {
 		case fb.MdsOpRegisterClient:
@@ -188,7 +228,7 @@ func (s *Service) handle(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRe
 			if c.RegisteredUnixMS == 0 {
 				c.RegisteredUnixMS = uint64(s.cfg.Now().UnixMilli())
 			}
-			err = s.cfg.Store.Put(ctx, key, wire.EncodeClientInfo(&c), s.cfg.LeaseTTL)
+			err = s.cfg.Store.Put(ctx, key, wire.EncodeClientInfo(&c), s.cfg.ClientLeaseTTL)
 		case fb.MdsOpHeartbeatClient:
 			err = s.cfg.Store.KeepAlive(ctx, key, nil)
 		default:
@@ -218,6 +258,12 @@ func (s *Service) Topology(ctx context.Context, group string) (*wire.Topology, e
 	if err != nil {
 		return nil, fmt.Errorf("list members of %s: %w", group, err)
 	}
+	return s.buildTopology(group, kvs), nil
+}
+
+// buildTopology decodes a listing of a group's members (skipping bad records) into a
+// topology with both epochs.
+func (s *Service) buildTopology(group string, kvs []KV) *wire.Topology {
 	members := make([]wire.Member, 0, len(kvs))
 	for _, kv := range kvs {
 		m, err := wire.DecodeMember(kv.Value)
@@ -232,7 +278,7 @@ func (s *Service) Topology(ctx context.Context, group string) (*wire.Topology, e
 	me, te := Epochs(members)
 	s.cfg.Metrics.groupMembers(group, len(members))
 	s.cfg.Metrics.groupEpoch(group, me)
-	return &wire.Topology{MembersEpoch: me, TopologyEpoch: te, Members: members}, nil
+	return &wire.Topology{MembersEpoch: me, TopologyEpoch: te, Members: members}
 }
 
 // Clients reads a group's registered clients.

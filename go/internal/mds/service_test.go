@@ -37,7 +37,7 @@ func newTestService(t *testing.T) (*Service, *MemStore, *fakeClock) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	st := NewMemStore()
 	st.Now = clk.now
-	svc, err := NewService(Config{Store: st, LeaseTTL: 3 * time.Second, Logger: quiet(), Now: clk.now})
+	svc, err := NewService(Config{Store: st, LeaseTTL: 3 * time.Second, ClientLeaseTTL: 3 * time.Second, Logger: quiet(), Now: clk.now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,13 +41,34 @@ type Store interface {
 	Close() error
 }
 
-// MemStore is an in-memory Store with lease expiry, for tests. Now is injectable.
+// Watcher is a Store that can report changes as they happen (EtcdStore, MemStore). The
+// MDS uses it to answer long polls the moment a group's membership changes; a Store
+// without it serves long polls as plain polls.
+type Watcher interface {
+	// ListRev is List plus the store revision the listing reflects.
+	ListRev(ctx context.Context, prefix string, limit int) ([]KV, int64, error)
+	// Watch signals on the returned channel (capacity 1: signals coalesce) after every
+	// change under prefix from revision rev on. The channel closes when the watch ends
+	// (ctx done, the store lost its quorum, history compacted, an error): the caller lists
+	// again and watches from there. Lease renewals are not changes; lease expiry is.
+	Watch(ctx context.Context, prefix string, rev int64) <-chan struct{}
+}
+
+// MemStore is an in-memory Store with lease expiry, for tests. Now is injectable. Expired
+// leases are swept on every call (and so reported to watchers then).
 type MemStore struct {
 	mu   sync.Mutex
 	data map[string]memEntry
 	Now  func() time.Time
 	// Down makes every call fail with ErrBackend (an etcd outage).
-	down bool
+	down     bool
+	rev      int64
+	watchers map[chan struct{}]memWatch
+}
+
+type memWatch struct {
+	prefix string
+	ctx    context.Context
 }
 
 type memEntry struct {
@@ -63,7 +84,68 @@ func NewMemStore() *MemStore { return &MemStore{data: map[string]memEntry{}, Now
 func (m *MemStore) SetDown(down bool) {
 	m.mu.Lock()
 	m.down = down
+	if down {
+		// An outage ends every watch, as a lost etcd quorum does (WithRequireLeader).
+		for ch := range m.watchers {
+			close(ch)
+			delete(m.watchers, ch)
+		}
+	}
 	m.mu.Unlock()
+}
+
+// changed bumps the revision and signals the watchers of key. Callers hold m.mu.
+func (m *MemStore) changed(key string) {
+	m.rev++
+	for ch, w := range m.watchers {
+		if w.ctx.Err() != nil {
+			close(ch)
+			delete(m.watchers, ch)
+			continue
+		}
+		if strings.HasPrefix(key, w.prefix) {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// ListRev implements Watcher.
+func (m *MemStore) ListRev(ctx context.Context, prefix string, limit int) ([]KV, int64, error) {
+	kvs, err := m.List(ctx, prefix, limit)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return kvs, m.rev, err
+}
+
+// Watch implements Watcher. A rev older than the current one signals at once (the fake
+// keeps no history: it cannot tell whether the prefix changed since).
+func (m *MemStore) Watch(ctx context.Context, prefix string, rev int64) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.down || ctx.Err() != nil {
+		close(ch)
+		return ch
+	}
+	if m.watchers == nil {
+		m.watchers = map[chan struct{}]memWatch{}
+	}
+	m.watchers[ch] = memWatch{prefix: prefix, ctx: ctx}
+	if rev <= m.rev {
+		ch <- struct{}{}
+	}
+	context.AfterFunc(ctx, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if _, ok := m.watchers[ch]; ok {
+			close(ch)
+			delete(m.watchers, ch)
+		}
+	})
+	return ch
 }
 
 func (m *MemStore) check(ctx context.Context) error {
@@ -77,6 +159,7 @@ func (m *MemStore) check(ctx context.Context) error {
 	for k, e := range m.data {
 		if !now.Before(e.expires) {
 			delete(m.data, k)
+			m.changed(k)
 		}
 	}
 	return nil
@@ -89,6 +172,7 @@ func (m *MemStore) Put(ctx context.Context, key string, value []byte, ttl time.D
 		return err
 	}
 	m.data[key] = memEntry{value: bytes.Clone(value), ttl: ttl, expires: m.Now().Add(ttl)}
+	m.changed(key)
 	return nil
 }
 
@@ -103,10 +187,14 @@ func (m *MemStore) KeepAlive(ctx context.Context, key string, value []byte) erro
 		return ErrNotFound
 	}
 	e.expires = m.Now().Add(e.ttl)
-	if value != nil {
+	valueChanged := value != nil && !bytes.Equal(value, e.value)
+	if valueChanged {
 		e.value = bytes.Clone(value)
 	}
 	m.data[key] = e
+	if valueChanged {
+		m.changed(key)
+	}
 	return nil
 }
 
@@ -116,7 +204,10 @@ func (m *MemStore) Delete(ctx context.Context, key string) error {
 	if err := m.check(ctx); err != nil {
 		return err
 	}
-	delete(m.data, key)
+	if _, ok := m.data[key]; ok {
+		delete(m.data, key)
+		m.changed(key)
+	}
 	return nil
 }
 

@@ -38,6 +38,9 @@ type Options struct {
 	MaxResponse uint64        // largest reply payload accepted (default wire.MaxMdsResponse)
 	TLS         *tls.Config   // dial replicas with TLS 1.3, checking the endpoint's host (nil = plaintext)
 	Token       string        // tenant token sent with every call (MDS run with --auth-tokens)
+	// Dial, when set, opens the TCP connections (the cluster harness counts bytes with it);
+	// nil = a net.Dialer with CallTimeout.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Client calls MDS replicas. It keeps one connection to the replica that answered last and
@@ -118,6 +121,8 @@ func (c *Client) Call(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRespo
 	if uint64(len(payload)) > wire.DefaultLimits().MaxControl {
 		return nil, "", fmt.Errorf("%w: request of %d bytes exceeds the control limit", ErrRejected, len(payload))
 	}
+	// A long poll may be held by the MDS for its wait: each attempt's deadline covers it.
+	wait := time.Duration(req.WaitMS) * time.Millisecond
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
@@ -127,7 +132,7 @@ func (c *Client) Call(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRespo
 			break
 		}
 		ep := c.eps[c.cur]
-		resp, err := c.attempt(ctx, ep, payload)
+		resp, err := c.attempt(ctx, ep, payload, wait)
 		if err == nil {
 			switch resp.Status {
 			case fb.StatusOk:
@@ -168,13 +173,17 @@ func (c *Client) dropConn() {
 
 // attempt runs one request on ep, reusing the cached connection once; a reused connection
 // that fails with a stale-socket error is retried on a fresh one.
-func (c *Client) attempt(ctx context.Context, ep string, payload []byte) (*wire.MdsResponse, error) {
+func (c *Client) attempt(ctx context.Context, ep string, payload []byte, wait time.Duration) (*wire.MdsResponse, error) {
 	for try := 0; try < 2; try++ {
 		reused := c.conn != nil
 		if !reused {
-			d := net.Dialer{Timeout: c.opts.CallTimeout}
+			dial := c.opts.Dial
+			if dial == nil {
+				d := net.Dialer{Timeout: c.opts.CallTimeout}
+				dial = d.DialContext
+			}
 			dctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
-			nc, err := d.DialContext(dctx, "tcp", ep)
+			nc, err := dial(dctx, "tcp", ep)
 			if err == nil && c.opts.TLS != nil {
 				var tc net.Conn
 				if tc, err = secure.ClientHandshake(dctx, nc, ep, c.opts.TLS); err != nil {
@@ -189,7 +198,7 @@ func (c *Client) attempt(ctx context.Context, ep string, payload []byte) (*wire.
 			}
 			c.conn = nc
 		}
-		deadline := time.Now().Add(c.opts.CallTimeout)
+		deadline := time.Now().Add(c.opts.CallTimeout + wait)
 		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 			deadline = d
 		}

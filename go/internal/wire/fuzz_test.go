@@ -96,6 +96,8 @@ func FuzzDecodeMds(f *testing.F) {
 	m := &Member{ID: "n1", Addr: "127.0.0.1:1", Weight: 2, Eligible: true, Config: []KV{{"engine", "slab"}}, Rails: []Rail{{Device: "d", QueryOK: true}}}
 	f.Add(EncodeMdsRequest(&MdsRequest{Op: fb.MdsOpRegisterMember, Group: "g", Member: m}))
 	f.Add(EncodeMdsRequest(&MdsRequest{Op: fb.MdsOpRegisterClient, Group: "g", Client: &ClientInfo{ID: "c", Info: []KV{{"a", "b"}}}}))
+	f.Add(EncodeMdsRequest(&MdsRequest{Op: fb.MdsOpListTopology, Group: "g", KnownMembersEpoch: 3, WaitMS: 10000, KnownTopologyEpoch: 9}))
+	f.Add(EncodeMdsResponse(&MdsResponse{WaitMS: 10000, LeaseTTLMS: 6000}))
 	f.Add(EncodeMdsResponse(&MdsResponse{Topology: &Topology{MembersEpoch: 1, Members: []Member{*m}}}))
 	f.Add(EncodeMdsResponse(&MdsResponse{Clients: []ClientInfo{{ID: "c"}}}))
 	f.Add(EncodeMember(m))

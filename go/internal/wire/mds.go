@@ -113,6 +113,10 @@ type MdsRequest struct {
 	Client            *ClientInfo
 	KnownMembersEpoch uint64
 	Token             string // tenant token; checked by an MDS run with --auth-tokens
+	// WaitMS > 0 makes ListTopology a long poll: the MDS holds the answer up to WaitMS until
+	// the group's TopologyEpoch differs from KnownTopologyEpoch.
+	WaitMS             uint32
+	KnownTopologyEpoch uint64
 }
 
 // MdsResponse is the MDS's answer.
@@ -122,6 +126,9 @@ type MdsResponse struct {
 	LeaseTTLMS uint32
 	Topology   *Topology
 	Clients    []ClientInfo
+	// WaitMS is the long-poll wait the MDS honoured (0: it answered at once and does not
+	// long-poll). A long poll that ended without a change has no Topology.
+	WaitMS uint32
 }
 
 func buildKVs(b *flatbuffers.Builder, kvs []KV) flatbuffers.UOffsetT {
@@ -232,6 +239,8 @@ func EncodeMdsRequest(r *MdsRequest) []byte {
 		fb.MdsRequestAddClient(b, c)
 	}
 	fb.MdsRequestAddKnownMembersEpoch(b, r.KnownMembersEpoch)
+	fb.MdsRequestAddWaitMs(b, r.WaitMS)
+	fb.MdsRequestAddKnownTopologyEpoch(b, r.KnownTopologyEpoch)
 	b.Finish(fb.MdsRequestEnd(b))
 	return b.FinishedBytes()
 }
@@ -255,6 +264,7 @@ func EncodeMdsResponse(r *MdsResponse) []byte {
 	fb.MdsResponseAddStatus(b, byte(r.Status))
 	fb.MdsResponseAddError(b, e)
 	fb.MdsResponseAddLeaseTtlMs(b, r.LeaseTTLMS)
+	fb.MdsResponseAddWaitMs(b, r.WaitMS)
 	if r.Topology != nil {
 		fb.MdsResponseAddTopology(b, topo)
 	}
@@ -381,7 +391,7 @@ func DecodeMdsRequest(buf []byte) (r MdsRequest, err error) {
 	err = safeMds("mds request", buf, func(buf []byte) {
 		t := fb.GetRootAsMdsRequest(buf, 0)
 		r = MdsRequest{Op: t.Op(), Group: str("group", t.Group(), MaxMdsIDLen), KnownMembersEpoch: t.KnownMembersEpoch(),
-			Token: str("token", t.Token(), MaxTokenLen)}
+			Token: str("token", t.Token(), MaxTokenLen), WaitMS: t.WaitMs(), KnownTopologyEpoch: t.KnownTopologyEpoch()}
 		var m fb.Member
 		if t.Member(&m) != nil {
 			mm := readMember(&m, len(buf))
@@ -406,7 +416,7 @@ func DecodeMdsRequest(buf []byte) (r MdsRequest, err error) {
 func DecodeMdsResponse(buf []byte) (r MdsResponse, err error) {
 	err = safeMds("mds response", buf, func(buf []byte) {
 		t := fb.GetRootAsMdsResponse(buf, 0)
-		r = MdsResponse{Status: fb.Status(t.Status()), Error: str("error", t.Error(), MaxMdsStringLen), LeaseTTLMS: t.LeaseTtlMs()}
+		r = MdsResponse{Status: fb.Status(t.Status()), Error: str("error", t.Error(), MaxMdsStringLen), LeaseTTLMS: t.LeaseTtlMs(), WaitMS: t.WaitMs()}
 		var topo fb.Topology
 		if t.Topology(&topo) != nil {
 			tt := readTopology(&topo, len(buf))

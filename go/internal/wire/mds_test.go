@@ -21,6 +21,7 @@ func TestMdsRoundTrip(t *testing.T) {
 		{Op: fb.MdsOpRegisterMember, Group: "g", Member: sampleMember()},
 		{Op: fb.MdsOpHeartbeatMember, Group: "g", Member: &Member{ID: "n2", Addr: "h:1", Weight: 1, Eligible: false}},
 		{Op: fb.MdsOpListTopology, Group: "g", KnownMembersEpoch: 99},
+		{Op: fb.MdsOpListTopology, Group: "g", KnownMembersEpoch: 7, WaitMS: 10000, KnownTopologyEpoch: 1 << 63},
 		{Op: fb.MdsOpRegisterClient, Group: "g", Client: cl},
 	}
 	for _, r := range reqs {
@@ -37,6 +38,7 @@ func TestMdsRoundTrip(t *testing.T) {
 		{Status: fb.StatusNotFound, Error: "not registered"},
 		{Status: fb.StatusOk, Topology: &Topology{MembersEpoch: 1, TopologyEpoch: 2, Members: []Member{*sampleMember()}}},
 		{Status: fb.StatusOk, Topology: &Topology{MembersEpoch: 5}},
+		{Status: fb.StatusOk, WaitMS: 10000},
 		{Status: fb.StatusOk, Clients: []ClientInfo{*cl}},
 	}
 	for _, r := range resps {

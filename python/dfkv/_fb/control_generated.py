@@ -292,8 +292,22 @@ class MdsRequest(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # MdsRequest
+    def WaitMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # MdsRequest
+    def KnownTopologyEpoch(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
+        return 0
+
 def MdsRequestStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(8)
 
 def MdsRequestAddOp(builder, op):
     builder.PrependUint8Slot(0, op, 0)
@@ -312,6 +326,12 @@ def MdsRequestAddKnownMembersEpoch(builder, knownMembersEpoch):
 
 def MdsRequestAddToken(builder, token):
     builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(token), 0)
+
+def MdsRequestAddWaitMs(builder, waitMs):
+    builder.PrependUint32Slot(6, waitMs, 0)
+
+def MdsRequestAddKnownTopologyEpoch(builder, knownTopologyEpoch):
+    builder.PrependUint64Slot(7, knownTopologyEpoch, 0)
 
 def MdsRequestEnd(builder):
     return builder.EndObject()
@@ -391,8 +411,15 @@ class MdsResponse(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
         return o == 0
 
+    # MdsResponse
+    def WaitMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
 def MdsResponseStart(builder):
-    builder.StartObject(5)
+    builder.StartObject(6)
 
 def MdsResponseAddStatus(builder, status):
     builder.PrependUint8Slot(0, status, 0)
@@ -411,6 +438,9 @@ def MdsResponseAddClients(builder, clients):
 
 def MdsResponseStartClientsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
+
+def MdsResponseAddWaitMs(builder, waitMs):
+    builder.PrependUint32Slot(5, waitMs, 0)
 
 def MdsResponseEnd(builder):
     return builder.EndObject()

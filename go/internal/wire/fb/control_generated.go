@@ -481,8 +481,32 @@ func (rcv *MdsRequest) Token() []byte {
 	return nil
 }
 
+func (rcv *MdsRequest) WaitMs() uint32 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(16))
+	if o != 0 {
+		return rcv._tab.GetUint32(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *MdsRequest) MutateWaitMs(n uint32) bool {
+	return rcv._tab.MutateUint32Slot(16, n)
+}
+
+func (rcv *MdsRequest) KnownTopologyEpoch() uint64 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		return rcv._tab.GetUint64(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *MdsRequest) MutateKnownTopologyEpoch(n uint64) bool {
+	return rcv._tab.MutateUint64Slot(18, n)
+}
+
 func MdsRequestStart(builder *flatbuffers.Builder) {
-	builder.StartObject(6)
+	builder.StartObject(8)
 }
 func MdsRequestAddOp(builder *flatbuffers.Builder, op MdsOp) {
 	builder.PrependByteSlot(0, byte(op), 0)
@@ -501,6 +525,12 @@ func MdsRequestAddKnownMembersEpoch(builder *flatbuffers.Builder, knownMembersEp
 }
 func MdsRequestAddToken(builder *flatbuffers.Builder, token flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(5, flatbuffers.UOffsetT(token), 0)
+}
+func MdsRequestAddWaitMs(builder *flatbuffers.Builder, waitMs uint32) {
+	builder.PrependUint32Slot(6, waitMs, 0)
+}
+func MdsRequestAddKnownTopologyEpoch(builder *flatbuffers.Builder, knownTopologyEpoch uint64) {
+	builder.PrependUint64Slot(7, knownTopologyEpoch, 0)
 }
 func MdsRequestEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()
@@ -606,8 +636,20 @@ func (rcv *MdsResponse) ClientsLength() int {
 	return 0
 }
 
+func (rcv *MdsResponse) WaitMs() uint32 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(14))
+	if o != 0 {
+		return rcv._tab.GetUint32(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *MdsResponse) MutateWaitMs(n uint32) bool {
+	return rcv._tab.MutateUint32Slot(14, n)
+}
+
 func MdsResponseStart(builder *flatbuffers.Builder) {
-	builder.StartObject(5)
+	builder.StartObject(6)
 }
 func MdsResponseAddStatus(builder *flatbuffers.Builder, status byte) {
 	builder.PrependByteSlot(0, status, 0)
@@ -626,6 +668,9 @@ func MdsResponseAddClients(builder *flatbuffers.Builder, clients flatbuffers.UOf
 }
 func MdsResponseStartClientsVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
 	return builder.StartVector(4, numElems, 4)
+}
+func MdsResponseAddWaitMs(builder *flatbuffers.Builder, waitMs uint32) {
+	builder.PrependUint32Slot(5, waitMs, 0)
 }
 func MdsResponseEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()
