@@ -4,8 +4,8 @@ of the wheel (site-packages). Everything else is declared in pyproject.toml.
 ``pip install ./python`` from a dfkv checkout builds ``libdfkv.so`` with the Go toolchain
 (``go build -buildmode=c-shared`` of go/cmd/libdfkv, the flags of tools/build.sh) into
 ``dfkv/lib/`` of the package, where ``dfkv._lib`` finds it from any working directory. So a
-plain install needs Go >= 1.26, gcc and the rdma-core headers (libibverbs-dev); without them
-it fails with one line naming the route that needs none of them: the platform wheel, which
+plain install needs Go >= 1.26 and gcc (the verbs declarations are in the tree; no rdma-core
+headers); without them it fails with one line naming the route that needs neither: the platform wheel, which
 carries a prebuilt library (``tools/bazel build //python:wheel_linux``).
 
 The build is skipped when the library is already there: ``$DFKV_PREBUILT_LIB`` names one to
@@ -67,9 +67,7 @@ def _go_build(out_dir):
     if r.returncode != 0:
         err = r.stderr.strip()
         hint = ""
-        if "infiniband/verbs.h" in err:
-            hint = " (install the rdma-core headers: libibverbs-dev or rdma-core-devel)"
-        elif "gcc" in err or "C compiler" in err or "cgo" in err:
+        if "gcc" in err or "C compiler" in err or "cgo" in err:
             hint = " (cgo needs a C compiler: install gcc)"
         last = err.splitlines()[-1] if err else f"exit {r.returncode}"
         _fail(f"go build failed{hint}: {last}")
