@@ -15,13 +15,14 @@ from . import identity, ring
 from ._buffers import RawBuffer, nbytes_of
 from ._lib import DfkvError
 from ._version import __version__
-from .client import MAX_VALUE_SIZE, Client, version
+from .client import MAX_VALUE_SIZE, Client, Tag, version
 
 __all__ = [
     "Client",
     "DfkvError",
     "MAX_VALUE_SIZE",
     "RawBuffer",
+    "Tag",
     "identity",
     "nbytes_of",
     "ring",

@@ -2,14 +2,15 @@
 tools/gen_ctypes.py. Do not edit: change the header and rerun the generator
 (tools/gen_ctypes.py --check, run by tools/test.sh, fails while this file is stale)."""
 
-from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_int64, c_uint32, c_uint64, c_void_p
 
-__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "ClientOptionsV2", "PROTOTYPES"]
+__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "TAG_HASH_BYTES", "ClientOptionsV2", "BlockTag", "PROTOTYPES"]
 
 # Constants (#define).
 ABI_VERSION = 2
 CLIENT_OPT_REGISTER_WITH_MDS = (1 << 0)
 CLIENT_OPT_RDMA = (1 << 1)
+TAG_HASH_BYTES = (1 << 0)
 
 
 class ClientOptionsV2(Structure):
@@ -30,6 +31,28 @@ class ClientOptionsV2(Structure):
         ("client_info", c_char_p),
         ("client_heartbeat_ms", c_int32),
         ("reserved0", c_uint32),
+    ]
+
+
+class BlockTag(Structure):
+    """``dfkv_block_tag`` from dfkv.h, field for field."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
+        ("key", c_void_p),
+        ("key_len", c_uint64),
+        ("model", c_char_p),
+        ("hashes", c_void_p),
+        ("n_hashes", c_uint32),
+        ("hash_len", c_uint32),
+        ("parent_hash", c_void_p),
+        ("token_ids", POINTER(c_int32)),
+        ("n_tokens", c_uint64),
+        ("block_size", c_uint32),
+        ("reserved0", c_uint32),
+        ("lora_id", c_int64),
+        ("lora_name", c_char_p),
     ]
 
 
@@ -81,4 +104,6 @@ PROTOTYPES = {
     "dfkv_batch_exist_lease": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_uint64), c_int, c_uint32, POINTER(c_int)]),
     # dfkv_max_value_size(c)
     "dfkv_max_value_size": (c_uint64, [c_void_p]),
+    # dfkv_tag(c, tags, n)
+    "dfkv_tag": (c_int, [c_void_p, POINTER(BlockTag), c_int]),
 }

@@ -29,7 +29,7 @@ func addEventFlags(fs *flag.FlagSet, o *eventOptions) {
 	fs.StringVar(&o.replay, "kv-events-replay", "", "with --kv-events: serve replay requests (ROUTER, as vLLM's) on tcp://HOST:PORT")
 	fs.StringVar(&o.topic, "kv-events-topic", kvevents.DefaultTopic, "ZMQ topic of event batches; {node} and {model} are replaced (llm-d reads kv@<pod>@<model>)")
 	fs.StringVar(&o.medium, "kv-events-medium", kvevents.DefaultMedium, "tier named in the events' medium field")
-	fs.StringVar(&o.layout, "kv-events-layout", "array", "msgpack layout: array (vLLM array_like structs) or map (newer vLLM tagged maps)")
+	fs.StringVar(&o.layout, "kv-events-layout", "map", "msgpack layout: array (every struct positional, older vLLM), map (events as tagged maps in a positional batch, vLLM 0.33) or map-all (the batch a map too)")
 	fs.StringVar(&o.node, "kv-events-node", "", "the {node} of --kv-events-topic (default: the data address)")
 	fs.IntVar(&o.queue, "kv-events-queue", kvevents.DefaultQueue, "events waiting to be published; past it events are dropped (counted, a gap in the sequence)")
 	fs.IntVar(&o.buffer, "kv-events-buffer", kvevents.DefaultBuffer, "batches kept for replay")

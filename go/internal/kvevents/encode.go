@@ -14,12 +14,15 @@ import (
 type Layout uint8
 
 const (
-	// LayoutArray: msgspec array_like structs (vLLM up to 0.10.x): a batch is
+	// LayoutArray: every struct array_like (older vLLM): a batch is
 	// [ts, events, data_parallel_rank] and an event ["BlockStored", field, ...].
 	LayoutArray Layout = iota
-	// LayoutMap: msgspec tagged maps (newer vLLM): a batch is {"ts", "events",
-	// "data_parallel_rank"} and an event {"type": "BlockStored", field: value, ...}.
+	// LayoutMap: events as msgspec tagged maps in an array_like batch (vLLM 0.33):
+	// [ts, [{"type": "BlockStored", field: value, ...}, ...], data_parallel_rank].
 	LayoutMap
+	// LayoutMapAll: the batch a map too ({"ts", "events", "data_parallel_rank"}), as in
+	// vLLM builds whose EventBatch is not array_like.
+	LayoutMapAll
 )
 
 // ParseLayout maps the --kv-events-layout flag onto a Layout.
@@ -29,16 +32,24 @@ func ParseLayout(s string) (Layout, error) {
 		return LayoutArray, nil
 	case "map":
 		return LayoutMap, nil
+	case "map-all":
+		return LayoutMapAll, nil
 	}
-	return 0, fmt.Errorf("kvevents: layout %q: want array or map", s)
+	return 0, fmt.Errorf("kvevents: layout %q: want array, map or map-all", s)
 }
 
 func (l Layout) String() string {
-	if l == LayoutMap {
+	switch l {
+	case LayoutMap:
 		return "map"
+	case LayoutMapAll:
+		return "map-all"
 	}
 	return "array"
 }
+
+func (l Layout) batchMap() bool { return l == LayoutMapAll }
+func (l Layout) eventMap() bool { return l != LayoutArray }
 
 // Kind is an event type.
 type Kind uint8
@@ -93,7 +104,7 @@ func (e *encoder) batch(ts float64, events []Event) ([]byte, error) {
 
 func (e *encoder) encodeBatch(ts float64, events []Event) error {
 	m := e.enc
-	if e.layout == LayoutMap {
+	if e.layout.batchMap() {
 		if err := m.EncodeMapLen(3); err != nil {
 			return err
 		}
@@ -106,7 +117,7 @@ func (e *encoder) encodeBatch(ts float64, events []Event) error {
 	if err := m.EncodeFloat64(ts); err != nil {
 		return err
 	}
-	if e.layout == LayoutMap {
+	if e.layout.batchMap() {
 		if err := m.EncodeString("events"); err != nil {
 			return err
 		}
@@ -119,7 +130,7 @@ func (e *encoder) encodeBatch(ts float64, events []Event) error {
 			return err
 		}
 	}
-	if e.layout == LayoutMap {
+	if e.layout.batchMap() {
 		if err := m.EncodeString("data_parallel_rank"); err != nil {
 			return err
 		}
@@ -184,7 +195,7 @@ func (e *encoder) event(ev *Event) error {
 		return fmt.Errorf("event kind %d", ev.Kind)
 	}
 	// msgspec's tag: the class name, first in an array, under "type" in a map.
-	if e.layout == LayoutMap {
+	if e.layout.eventMap() {
 		if err := m.EncodeMapLen(len(fields) + 1); err != nil {
 			return err
 		}
@@ -198,7 +209,7 @@ func (e *encoder) event(ev *Event) error {
 		return err
 	}
 	for _, f := range fields {
-		if e.layout == LayoutMap {
+		if e.layout.eventMap() {
 			if err := m.EncodeString(f.name); err != nil {
 				return err
 			}

@@ -27,7 +27,13 @@ func TestEncodeLayouts(t *testing.T) {
 			[]any{"BlockRemoved", []any{int8(-9), []byte{1, 2}}, "CPU"},
 			[]any{"AllBlocksCleared"},
 		}, int8(2)}},
-		{LayoutMap, map[string]any{"ts": 1.5, "data_parallel_rank": int8(2), "events": []any{
+		{LayoutMap, []any{1.5, []any{
+			map[string]any{"type": "BlockStored", "block_hashes": []any{int8(-9), []byte{1, 2}}, "parent_block_hash": int8(5),
+				"token_ids": []any{int8(10), int8(11)}, "block_size": int8(16), "lora_id": nil, "medium": "CPU", "lora_name": nil},
+			map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(-9), []byte{1, 2}}, "medium": "CPU"},
+			map[string]any{"type": "AllBlocksCleared"},
+		}, int8(2)}},
+		{LayoutMapAll, map[string]any{"ts": 1.5, "data_parallel_rank": int8(2), "events": []any{
 			map[string]any{"type": "BlockStored", "block_hashes": []any{int8(-9), []byte{1, 2}}, "parent_block_hash": int8(5),
 				"token_ids": []any{int8(10), int8(11)}, "block_size": int8(16), "lora_id": nil, "medium": "CPU", "lora_name": nil},
 			map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(-9), []byte{1, 2}}, "medium": "CPU"},
@@ -51,7 +57,7 @@ func TestEncodeLayouts(t *testing.T) {
 }
 
 func TestParseLayout(t *testing.T) {
-	for in, want := range map[string]Layout{"array": LayoutArray, "map": LayoutMap} {
+	for in, want := range map[string]Layout{"array": LayoutArray, "map": LayoutMap, "map-all": LayoutMapAll} {
 		if l, err := ParseLayout(in); err != nil || l != want {
 			t.Fatalf("%s: %v %v", in, l, err)
 		}
