@@ -9,10 +9,12 @@ import (
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
-// BlockHash is one engine block hash: Bytes when non-nil (newer vLLM), else Int.
+// BlockHash is one engine block hash: Bytes when non-nil, else Int (published as an
+// unsigned 64-bit number when Unsigned, as vLLM's int hashes are).
 type BlockHash struct {
-	Bytes []byte
-	Int   int64
+	Bytes    []byte
+	Int      int64
+	Unsigned bool
 }
 
 // Tag is the engine identity of one stored value. A node with KV events on publishes
@@ -43,7 +45,7 @@ func (t *Tag) wire(c *Client) (wire.ObjectTag, error) {
 		if h.Bytes != nil && (len(h.Bytes) == 0 || len(h.Bytes) > wire.MaxTagHashBytes) {
 			return wire.BlockHash{}, fmt.Errorf("dfkv: tag: %d-byte block hash (want 1..%d): %w", len(h.Bytes), wire.MaxTagHashBytes, ErrInvalid)
 		}
-		return wire.BlockHash{Bytes: h.Bytes, Int: h.Int}, nil
+		return wire.BlockHash{Bytes: h.Bytes, Int: h.Int, Unsigned: h.Unsigned}, nil
 	}
 	w := wire.ObjectTag{ID: c.ID(t.Key), Model: t.Model, TokenIDs: t.TokenIDs, BlockSize: t.BlockSize, LoraID: -1, LoraName: t.LoraName}
 	if t.LoraID > 0 {

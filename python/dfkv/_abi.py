@@ -4,13 +4,14 @@ tools/gen_ctypes.py. Do not edit: change the header and rerun the generator
 
 from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_int64, c_uint32, c_uint64, c_void_p
 
-__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "TAG_HASH_BYTES", "ClientOptionsV2", "BlockTag", "PROTOTYPES"]
+__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "TAG_HASH_BYTES", "TAG_HASH_UINT64", "ClientOptionsV2", "BlockTag", "PROTOTYPES"]
 
 # Constants (#define).
 ABI_VERSION = 2
 CLIENT_OPT_REGISTER_WITH_MDS = (1 << 0)
 CLIENT_OPT_RDMA = (1 << 1)
 TAG_HASH_BYTES = (1 << 0)
+TAG_HASH_UINT64 = (1 << 1)
 
 
 class ClientOptionsV2(Structure):

@@ -54,7 +54,7 @@ class Tag:
 
 
 def _signed64(h: int) -> int:
-    """An engine hash as int64: Python hashes may be unsigned 64-bit (wrapped) or wider (cut)."""
+    """The int64 bit pattern of a hash in int64 or uint64 range (uint64: DFKV_TAG_HASH_UINT64)."""
     h &= (1 << 64) - 1
     return h - (1 << 64) if h >= 1 << 63 else h
 
@@ -552,6 +552,11 @@ class Client:
                     keep.append(pb)
                     e.parent_hash = ctypes.cast(pb, c_void_p)
             else:
+                ints = [int(h) for h in hashes] + ([int(t.parent)] if t.parent is not None else [])
+                if any(not -(1 << 63) <= h < (1 << 64) for h in ints) or (min(ints) < 0 and max(ints) >= 1 << 63):
+                    raise DfkvError(f"tags[{i}]: int block hashes must all fit int64 or all uint64")
+                if max(ints) >= 1 << 63:
+                    e.flags = _abi.TAG_HASH_UINT64  # vLLM's int hashes are unsigned 64-bit
                 buf = (ctypes.c_int64 * len(hashes))(*[_signed64(h) for h in hashes])
                 if t.parent is not None:
                     pb = ctypes.c_int64(_signed64(t.parent))

@@ -244,9 +244,11 @@ def test_kv_events_lifecycle(tmp_path, layout):
         # Tag three blocks that stay, then restart with the data intact: nothing spurious.
         keep = [f"keep-{i}".encode() for i in range(3)]
         assert all(c.batch_put(keep, [b"k" * VALUE] * 3))
-        assert c.tag([dfkv.Tag(key=k, block_hashes=[block_hash(100 + i)], model="test-model")
+        # int hashes as vLLM publishes them with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (uint64)
+        big = [(1 << 64) - 1 - i for i in range(3)]
+        assert c.tag([dfkv.Tag(key=k, block_hashes=[big[i]], model="test-model")
                       for i, k in enumerate(keep)]) == 3
-        sub.wait_for(lambda ev: hashes_of(ev, Stored) == {block_hash(100 + i) for i in range(3)})
+        sub.wait_for(lambda ev: hashes_of(ev, Stored) == set(big))
         c.close()
         sub.close()
         node.stop()
@@ -258,7 +260,7 @@ def test_kv_events_lifecycle(tmp_path, layout):
         assert c.get(keep[0], VALUE) == b"k" * VALUE
         # The tags survived the restart: removing a kept block still names its hash.
         assert c.remove(keep[0])
-        sub.wait_for(lambda ev: hashes_of(ev, Removed) == {block_hash(100)})
+        sub.wait_for(lambda ev: hashes_of(ev, Removed) == {big[0]})
         c.close()
         sub.close()
 

@@ -143,9 +143,10 @@ uint64_t dfkv_max_value_size(dfkv_client_t c);
  * the value is evicted, removed or overwritten. Set struct_size = sizeof(dfkv_block_tag)
  * and zero what you do not use. */
 #define DFKV_TAG_HASH_BYTES (1u << 0) /* hashes are hash_len bytes each, else int64_t each */
+#define DFKV_TAG_HASH_UINT64 (1u << 1) /* int hashes are uint64_t (vLLM's int block hashes) */
 typedef struct dfkv_block_tag {
   uint32_t struct_size;
-  uint32_t flags;                /* DFKV_TAG_HASH_BYTES */
+  uint32_t flags;                /* DFKV_TAG_HASH_BYTES or DFKV_TAG_HASH_UINT64 */
   const void* key;               /* the value's key, as given to dfkv_put */
   uint64_t key_len;
   const char* model;             /* NUL-terminated model/namespace label, or NULL */

@@ -523,12 +523,12 @@ func dfkvgo_yield() { cabi.Yield() }
 // be at least that (the struct only grows at its end).
 const tagSize = C.sizeof_dfkv_block_tag
 
-func tagHash(p unsafe.Pointer, i int, bytesLen uint32) client.BlockHash {
+func tagHash(p unsafe.Pointer, i int, bytesLen uint32, unsigned bool) client.BlockHash {
 	if bytesLen > 0 {
 		b := unsafe.Slice((*byte)(unsafe.Add(p, uintptr(i)*uintptr(bytesLen))), int(bytesLen))
 		return client.BlockHash{Bytes: append([]byte(nil), b...)}
 	}
-	return client.BlockHash{Int: int64(*(*C.int64_t)(unsafe.Add(p, uintptr(i)*8)))}
+	return client.BlockHash{Int: int64(*(*C.int64_t)(unsafe.Add(p, uintptr(i)*8))), Unsigned: unsigned}
 }
 
 //export dfkvgo_tag
@@ -543,12 +543,16 @@ func dfkvgo_tag(c C.uintptr_t, tags *C.dfkv_block_tag, n C.int) C.int {
 				return -1, fmt.Errorf("dfkv_tag: tag %d: struct_size, reserved0 or hashes: %w", i, errArg)
 			}
 			var hl uint32
+			unsigned := t.flags&C.DFKV_TAG_HASH_UINT64 != 0
 			if t.flags&C.DFKV_TAG_HASH_BYTES != 0 {
+				if unsigned {
+					return -1, fmt.Errorf("dfkv_tag: tag %d: bytes and uint64 hashes: %w", i, errArg)
+				}
 				hl = uint32(t.hash_len)
 				if hl == 0 || hl > 64 {
 					return -1, fmt.Errorf("dfkv_tag: tag %d: hash_len %d: %w", i, hl, errArg)
 				}
-			} else if t.flags != 0 {
+			} else if t.flags&^C.DFKV_TAG_HASH_UINT64 != 0 {
 				return -1, fmt.Errorf("dfkv_tag: tag %d: unknown flags %#x: %w", i, uint32(t.flags), errArg)
 			}
 			k, ok := keyOf(t.key, t.key_len)
@@ -558,10 +562,10 @@ func dfkvgo_tag(c C.uintptr_t, tags *C.dfkv_block_tag, n C.int) C.int {
 			ct := client.Tag{Key: append([]byte(nil), k...), Model: cstr(t.model), BlockSize: uint32(t.block_size),
 				LoraID: int64(t.lora_id), LoraName: cstr(t.lora_name)}
 			for j := 0; j < int(t.n_hashes); j++ {
-				ct.BlockHashes = append(ct.BlockHashes, tagHash(t.hashes, j, hl))
+				ct.BlockHashes = append(ct.BlockHashes, tagHash(t.hashes, j, hl, unsigned))
 			}
 			if t.parent_hash != nil {
-				p := tagHash(t.parent_hash, 0, hl)
+				p := tagHash(t.parent_hash, 0, hl, unsigned)
 				ct.Parent = &p
 			}
 			if t.n_tokens > 0 {

@@ -244,5 +244,8 @@ func (e *encoder) hash(h wire.BlockHash) error {
 	if h.Bytes != nil {
 		return e.enc.EncodeBytes(h.Bytes)
 	}
+	if h.Unsigned {
+		return e.enc.EncodeUint(uint64(h.Int))
+	}
 	return e.enc.EncodeInt(h.Int)
 }

@@ -11,7 +11,7 @@ import (
 
 func sampleTag() *wire.ObjectTag {
 	p := wire.BlockHash{Int: 5}
-	return &wire.ObjectTag{Model: "m", BlockHashes: []wire.BlockHash{{Int: -9}, {Bytes: []byte{1, 2}}}, Parent: &p,
+	return &wire.ObjectTag{Model: "m", BlockHashes: []wire.BlockHash{{Int: -9}, {Bytes: []byte{1, 2}}, {Int: -1, Unsigned: true}}, Parent: &p,
 		TokenIDs: []int32{10, 11}, BlockSize: 16, LoraID: -1}
 }
 
@@ -23,20 +23,20 @@ func TestEncodeLayouts(t *testing.T) {
 		want   any
 	}{
 		{LayoutArray, []any{1.5, []any{
-			[]any{"BlockStored", []any{int8(-9), []byte{1, 2}}, int8(5), []any{int8(10), int8(11)}, int8(16), nil, "CPU", nil},
-			[]any{"BlockRemoved", []any{int8(-9), []byte{1, 2}}, "CPU"},
+			[]any{"BlockStored", []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, int8(5), []any{int8(10), int8(11)}, int8(16), nil, "CPU", nil},
+			[]any{"BlockRemoved", []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "CPU"},
 			[]any{"AllBlocksCleared"},
 		}, int8(2)}},
 		{LayoutMap, []any{1.5, []any{
-			map[string]any{"type": "BlockStored", "block_hashes": []any{int8(-9), []byte{1, 2}}, "parent_block_hash": int8(5),
+			map[string]any{"type": "BlockStored", "block_hashes": []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "parent_block_hash": int8(5),
 				"token_ids": []any{int8(10), int8(11)}, "block_size": int8(16), "lora_id": nil, "medium": "CPU", "lora_name": nil},
-			map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(-9), []byte{1, 2}}, "medium": "CPU"},
+			map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "medium": "CPU"},
 			map[string]any{"type": "AllBlocksCleared"},
 		}, int8(2)}},
 		{LayoutMapAll, map[string]any{"ts": 1.5, "data_parallel_rank": int8(2), "events": []any{
-			map[string]any{"type": "BlockStored", "block_hashes": []any{int8(-9), []byte{1, 2}}, "parent_block_hash": int8(5),
+			map[string]any{"type": "BlockStored", "block_hashes": []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "parent_block_hash": int8(5),
 				"token_ids": []any{int8(10), int8(11)}, "block_size": int8(16), "lora_id": nil, "medium": "CPU", "lora_name": nil},
-			map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(-9), []byte{1, 2}}, "medium": "CPU"},
+			map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "medium": "CPU"},
 			map[string]any{"type": "AllBlocksCleared"},
 		}}},
 	} {

@@ -21,11 +21,12 @@ const (
 	MaxTagsPerRequest = 4096
 )
 
-// BlockHash is one engine block hash: Bytes when non-nil, else Int (vLLM's
-// ExternalBlockHash is bytes in newer releases and an int in older ones).
+// BlockHash is one engine block hash: Bytes when non-nil, else Int (as uint64 when
+// Unsigned: vLLM's int hashes are unsigned 64-bit, older ones signed).
 type BlockHash struct {
-	Bytes []byte
-	Int   int64
+	Bytes    []byte
+	Int      int64
+	Unsigned bool
 }
 
 // ObjectTag is the engine identity of one stored object.
@@ -50,6 +51,9 @@ func createHash(b *flatbuffers.Builder, h BlockHash) flatbuffers.UOffsetT {
 		fb.BlockHashAddBytesValue(b, bv)
 	} else {
 		fb.BlockHashAddIntValue(b, h.Int)
+		if h.Unsigned {
+			fb.BlockHashAddUnsigned(b, true)
+		}
 	}
 	return fb.BlockHashEnd(b)
 }
@@ -184,7 +188,7 @@ func decodeHash(h *fb.BlockHash) (BlockHash, error) {
 		}
 		return BlockHash{Bytes: append([]byte(nil), h.BytesValueBytes()...)}, nil
 	}
-	return BlockHash{Int: h.IntValue()}, nil
+	return BlockHash{Int: h.IntValue(), Unsigned: h.Unsigned()}, nil
 }
 
 func decodeTag(t *fb.ObjectTag, bufLen int) (ObjectTag, error) {

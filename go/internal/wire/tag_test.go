@@ -13,7 +13,7 @@ import (
 func sampleTags() []ObjectTag {
 	parent := BlockHash{Int: -42}
 	return []ObjectTag{
-		{ID: identity.ObjectID{Hi: 1, Lo: 2}, Model: "meta-llama/Llama-3.1-8B", BlockHashes: []BlockHash{{Int: 7}, {Int: -1 << 63}},
+		{ID: identity.ObjectID{Hi: 1, Lo: 2}, Model: "meta-llama/Llama-3.1-8B", BlockHashes: []BlockHash{{Int: 7}, {Int: -1 << 63}, {Int: -1, Unsigned: true}},
 			Parent: &parent, TokenIDs: []int32{1, 2, 3, -4}, BlockSize: 16, LoraID: 3, LoraName: "adapter"},
 		{ID: identity.ObjectID{Hi: 3, Lo: 4}, BlockHashes: []BlockHash{{Bytes: []byte("0123456789abcdef0123456789abcdef")}}, BlockSize: 256, LoraID: -1},
 	}

@@ -58,8 +58,15 @@ class BlockHash(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
+    # BlockHash
+    def Unsigned(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
 def BlockHashStart(builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def BlockHashAddIntValue(builder, intValue):
     builder.PrependInt64Slot(0, intValue, 0)
@@ -69,6 +76,9 @@ def BlockHashAddBytesValue(builder, bytesValue):
 
 def BlockHashStartBytesValueVector(builder, numElems):
     return builder.StartVector(1, numElems, 1)
+
+def BlockHashAddUnsigned(builder, unsigned):
+    builder.PrependBoolSlot(2, unsigned, 0)
 
 def BlockHashEnd(builder):
     return builder.EndObject()

@@ -340,5 +340,5 @@ func equalTags(a, b *wire.ObjectTag) bool {
 }
 
 func equalHash(a, b wire.BlockHash) bool {
-	return (a.Bytes == nil) == (b.Bytes == nil) && a.Int == b.Int && slices.Equal(a.Bytes, b.Bytes)
+	return (a.Bytes == nil) == (b.Bytes == nil) && a.Int == b.Int && a.Unsigned == b.Unsigned && slices.Equal(a.Bytes, b.Bytes)
 }

@@ -87,8 +87,20 @@ func (rcv *BlockHash) MutateBytesValue(j int, n byte) bool {
 	return false
 }
 
+func (rcv *BlockHash) Unsigned() bool {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(8))
+	if o != 0 {
+		return rcv._tab.GetBool(o + rcv._tab.Pos)
+	}
+	return false
+}
+
+func (rcv *BlockHash) MutateUnsigned(n bool) bool {
+	return rcv._tab.MutateBoolSlot(8, n)
+}
+
 func BlockHashStart(builder *flatbuffers.Builder) {
-	builder.StartObject(2)
+	builder.StartObject(3)
 }
 func BlockHashAddIntValue(builder *flatbuffers.Builder, intValue int64) {
 	builder.PrependInt64Slot(0, intValue, 0)
@@ -98,6 +110,9 @@ func BlockHashAddBytesValue(builder *flatbuffers.Builder, bytesValue flatbuffers
 }
 func BlockHashStartBytesValueVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
 	return builder.StartVector(1, numElems, 1)
+}
+func BlockHashAddUnsigned(builder *flatbuffers.Builder, unsigned bool) {
+	builder.PrependBoolSlot(2, unsigned, false)
 }
 func BlockHashEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()
