@@ -16,7 +16,7 @@ import dfkv in a parent process and fork workers safely.
 from . import errors, identity, ring
 from ._buffers import RawBuffer, nbytes_of
 from ._version import __version__
-from .client import MAX_VALUE_SIZE, Client, version
+from .client import MAX_VALUE_SIZE, Client, Tag, version
 from .errors import (
     BufferTooSmall,
     Busy,
@@ -50,6 +50,7 @@ __all__ = [
     "Unavailable",
     "MAX_VALUE_SIZE",
     "RawBuffer",
+    "Tag",
     "identity",
     "nbytes_of",
     "ring",

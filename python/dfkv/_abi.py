@@ -2,9 +2,9 @@
 tools/gen_ctypes.py. Do not edit: change the header and rerun the generator
 (tools/gen_ctypes.py --check, run by tools/test.sh, fails while this file is stale)."""
 
-from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_int64, c_uint32, c_uint64, c_void_p
 
-__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "STATUS_OK", "STATUS_NOT_FOUND", "STATUS_UNAVAILABLE", "STATUS_TIMEOUT", "STATUS_FORBIDDEN", "STATUS_TOO_LARGE", "STATUS_BUFFER_TOO_SMALL", "STATUS_CACHE_FULL", "STATUS_QUOTA_EXCEEDED", "STATUS_BUSY", "STATUS_IO_ERROR", "STATUS_INVALID", "STATUS_PROTOCOL", "STATUS_CLOSED", "STATUS_INTERNAL", "ClientOptionsV2", "PROTOTYPES"]
+__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "STATUS_OK", "STATUS_NOT_FOUND", "STATUS_UNAVAILABLE", "STATUS_TIMEOUT", "STATUS_FORBIDDEN", "STATUS_TOO_LARGE", "STATUS_BUFFER_TOO_SMALL", "STATUS_CACHE_FULL", "STATUS_QUOTA_EXCEEDED", "STATUS_BUSY", "STATUS_IO_ERROR", "STATUS_INVALID", "STATUS_PROTOCOL", "STATUS_CLOSED", "STATUS_INTERNAL", "TAG_HASH_BYTES", "TAG_HASH_UINT64", "ClientOptionsV2", "BlockTag", "PROTOTYPES"]
 
 # Constants (#define).
 ABI_VERSION = 2
@@ -25,6 +25,8 @@ STATUS_INVALID = 11
 STATUS_PROTOCOL = 12
 STATUS_CLOSED = 13
 STATUS_INTERNAL = 14
+TAG_HASH_BYTES = (1 << 0)
+TAG_HASH_UINT64 = (1 << 1)
 
 
 class ClientOptionsV2(Structure):
@@ -45,6 +47,28 @@ class ClientOptionsV2(Structure):
         ("client_info", c_char_p),
         ("client_heartbeat_ms", c_int32),
         ("reserved0", c_uint32),
+    ]
+
+
+class BlockTag(Structure):
+    """``dfkv_block_tag`` from dfkv.h, field for field."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
+        ("key", c_void_p),
+        ("key_len", c_uint64),
+        ("model", c_char_p),
+        ("hashes", c_void_p),
+        ("n_hashes", c_uint32),
+        ("hash_len", c_uint32),
+        ("parent_hash", c_void_p),
+        ("token_ids", POINTER(c_int32)),
+        ("n_tokens", c_uint64),
+        ("block_size", c_uint32),
+        ("reserved0", c_uint32),
+        ("lora_id", c_int64),
+        ("lora_name", c_char_p),
     ]
 
 
@@ -98,4 +122,6 @@ PROTOTYPES = {
     "dfkv_max_value_size": (c_uint64, [c_void_p]),
     # dfkv_last_status(c)
     "dfkv_last_status": (c_int, [c_void_p]),
+    # dfkv_tag(c, tags, n)
+    "dfkv_tag": (c_int, [c_void_p, POINTER(BlockTag), c_int]),
 }

@@ -33,6 +33,7 @@ new client there instead.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
 import numbers
 import os
@@ -42,13 +43,38 @@ from collections.abc import Mapping
 from ctypes import addressof, byref, c_int, c_ubyte, c_uint32, c_uint64, c_void_p
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _lib, identity
+from . import _abi, _lib, identity
 from ._buffers import Pins, RawBuffer, new_bytes
 from ._lib import ABI_VERSION, CLIENT_OPT_REGISTER_WITH_MDS, ClientOptionsV2, DfkvError
 from ._abi import STATUS_NOT_FOUND
 from .errors import Error, error_for_status
 
-__all__ = ["Client", "MAX_VALUE_SIZE", "build_options", "version"]
+__all__ = ["Client", "MAX_VALUE_SIZE", "Tag", "build_options", "version"]
+
+
+@dataclasses.dataclass
+class Tag:
+    """The engine identity of one stored value, for KV events (``Client.tag``).
+
+    ``block_hashes`` are the engine's block hashes (ints, or bytes of one length: vLLM's
+    ExternalBlockHash is either, by version); ``parent`` the hash of the block before the
+    first one (None for the first block of a sequence); ``model`` the label routers
+    subscribe to; ``lora_id`` 0 for none."""
+
+    key: bytes
+    block_hashes: Sequence[Union[int, bytes]]
+    model: str = ""
+    parent: Optional[Union[int, bytes]] = None
+    token_ids: Sequence[int] = ()
+    block_size: int = 0
+    lora_id: int = 0
+    lora_name: str = ""
+
+
+def _signed64(h: int) -> int:
+    """The int64 bit pattern of a hash in int64 or uint64 range (uint64: DFKV_TAG_HASH_UINT64)."""
+    h &= (1 << 64) - 1
+    return h - (1 << 64) if h >= 1 << 63 else h
 
 # Default server limit on one value; get_auto(key) without a cap reserves this much
 # (address space only: untouched pages are never faulted in).
@@ -558,6 +584,75 @@ class Client:
                 return self._lib.dfkv_remove(h, ka, kn) == 1
         finally:
             self._release()
+
+    # -- KV events ---------------------------------------------------------------------------
+
+    def tag(self, tags: Sequence["Tag"]) -> int:
+        """Attach engine identities to stored values (send after their puts returned): a
+        node with ``--kv-events`` publishes BlockStored for each, and BlockRemoved when the
+        value is evicted, removed or overwritten (docs/EVENTS.md). Returns how many were
+        attached (values not stored are skipped; nodes without events attach none), or -1
+        when a node failed or is older than tags (``last_error`` says why)."""
+        n = len(tags)
+        if not n:
+            return 0
+        arr = (_abi.BlockTag * n)()
+        keep: List[Any] = [arr]
+        for i, t in enumerate(tags):
+            if not isinstance(t, Tag):
+                raise DfkvError(f"tags[{i}] must be a dfkv.Tag, not {type(t).__name__}")
+            hashes = list(t.block_hashes)
+            if not hashes:
+                raise DfkvError(f"tags[{i}]: no block hash")
+            is_bytes = isinstance(hashes[0], (bytes, bytearray))
+            if any(isinstance(h, (bytes, bytearray)) != is_bytes for h in hashes) or (
+                t.parent is not None and isinstance(t.parent, (bytes, bytearray)) != is_bytes
+            ):
+                raise DfkvError(f"tags[{i}]: block hashes mix bytes and ints")
+            e = arr[i]
+            e.struct_size = ctypes.sizeof(_abi.BlockTag)
+            key = bytes(t.key)
+            keep.append(key)
+            e.key, e.key_len = ctypes.cast(ctypes.c_char_p(key), c_void_p), len(key)
+            if is_bytes:
+                hl = len(hashes[0])
+                if any(len(h) != hl for h in hashes) or (t.parent is not None and len(t.parent) != hl):
+                    raise DfkvError(f"tags[{i}]: bytes block hashes must have one length")
+                buf = ctypes.create_string_buffer(b"".join(bytes(h) for h in hashes), hl * len(hashes))
+                e.flags, e.hash_len = _abi.TAG_HASH_BYTES, hl
+                if t.parent is not None:
+                    pb = ctypes.create_string_buffer(bytes(t.parent), hl)
+                    keep.append(pb)
+                    e.parent_hash = ctypes.cast(pb, c_void_p)
+            else:
+                ints = [int(h) for h in hashes] + ([int(t.parent)] if t.parent is not None else [])
+                if any(not -(1 << 63) <= h < (1 << 64) for h in ints) or (min(ints) < 0 and max(ints) >= 1 << 63):
+                    raise DfkvError(f"tags[{i}]: int block hashes must all fit int64 or all uint64")
+                if max(ints) >= 1 << 63:
+                    e.flags = _abi.TAG_HASH_UINT64  # vLLM's int hashes are unsigned 64-bit
+                buf = (ctypes.c_int64 * len(hashes))(*[_signed64(h) for h in hashes])
+                if t.parent is not None:
+                    pb = ctypes.c_int64(_signed64(t.parent))
+                    keep.append(pb)
+                    e.parent_hash = ctypes.cast(ctypes.pointer(pb), c_void_p)
+            keep.append(buf)
+            e.hashes, e.n_hashes = ctypes.cast(buf, c_void_p), len(hashes)
+            if t.token_ids:
+                toks = (ctypes.c_int32 * len(t.token_ids))(*t.token_ids)
+                keep.append(toks)
+                e.token_ids, e.n_tokens = ctypes.cast(toks, ctypes.POINTER(ctypes.c_int32)), len(t.token_ids)
+            e.block_size = _int_opt("block_size", t.block_size, 0, 0xFFFFFFFF)
+            e.lora_id = _int_opt("lora_id", t.lora_id or 0, 0, (1 << 63) - 1)
+            if t.model:
+                e.model = _cstr("model", t.model)
+            if t.lora_name:
+                e.lora_name = _cstr("lora_name", t.lora_name)
+        h = self._acquire()
+        try:
+            return int(self._lib.dfkv_tag(h, arr, n))
+        finally:
+            self._release()
+            del keep
 
     # -- batch operations -------------------------------------------------------------------
     #

@@ -40,6 +40,7 @@ cluster views (through the MDS: --mds HOST:PORT[,...] [--group G] [--json]):
   ring                members, address, weight, ring share, version and config
   clients             registered clients (cache consumers) of the group
   stats               ring totals (summed node counters) and the client count
+  events              KV events of every node (--mds) or of --endpoint tcp://...: store/evict per node, gaps
   stat --all          every node's counters and the aggregate
 security: --tls-ca FILE [--tls-cert FILE --tls-key FILE] (TLS 1.3, mTLS), --token T (tenant token)
 exit status: 0 ok/hit, 1 miss, 2 error. Flags read DFKV_<FLAG> too (DFKV_NODE, DFKV_NS, DFKV_MDS, DFKV_TOKEN).
@@ -73,6 +74,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(rest) == 0 {
 		usage(stderr)
 		return exitError
+	}
+	if rest[0] == "events" {
+		cf.timeout = min(*timeout, 5*time.Second)
+		return runEvents(rest[1:], cf, stdout, stderr)
 	}
 	if clusterCommand(rest[0], rest[1:]) {
 		cf.timeout = min(*timeout, 5*time.Second)

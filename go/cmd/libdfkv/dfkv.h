@@ -159,6 +159,35 @@ uint64_t dfkv_max_value_size(dfkv_client_t c);
  * same lifetime): what a caller branches on. DFKV_STATUS_OK when none is recorded. */
 int dfkv_last_status(dfkv_client_t c);
 
+/* KV events (docs/EVENTS.md; an addition: ABI v2 unchanged). The engine identity of one
+ * stored value: a node with --kv-events publishes BlockStored for it, and BlockRemoved when
+ * the value is evicted, removed or overwritten. Set struct_size = sizeof(dfkv_block_tag)
+ * and zero what you do not use. */
+#define DFKV_TAG_HASH_BYTES (1u << 0) /* hashes are hash_len bytes each, else int64_t each */
+#define DFKV_TAG_HASH_UINT64 (1u << 1) /* int hashes are uint64_t (vLLM's int block hashes) */
+typedef struct dfkv_block_tag {
+  uint32_t struct_size;
+  uint32_t flags;                /* DFKV_TAG_HASH_BYTES or DFKV_TAG_HASH_UINT64 */
+  const void* key;               /* the value's key, as given to dfkv_put */
+  uint64_t key_len;
+  const char* model;             /* NUL-terminated model/namespace label, or NULL */
+  const void* hashes;            /* n_hashes engine block hashes (int64_t or hash_len bytes) */
+  uint32_t n_hashes;             /* 1..1024 */
+  uint32_t hash_len;             /* with DFKV_TAG_HASH_BYTES: 1..64 bytes per hash */
+  const void* parent_hash;       /* one hash of the same kind, or NULL (first block) */
+  const int32_t* token_ids;      /* n_tokens token ids, or NULL */
+  uint64_t n_tokens;
+  uint32_t block_size;           /* tokens per engine block */
+  uint32_t reserved0;            /* must be 0 */
+  int64_t lora_id;               /* 0 = none */
+  const char* lora_name;         /* NULL = none */
+} dfkv_block_tag;
+/* Attaches tags[0..n) to stored values (send after their PUTs returned), each on the node
+ * that owns its key. Returns how many were attached (values not stored are skipped; a node
+ * without --kv-events attaches none), or -1 (bad arguments, closed client, a node that
+ * failed or is older than tags: see dfkv_last_error). */
+int dfkv_tag(dfkv_client_t c, const dfkv_block_tag* tags, int n);
+
 #ifdef __cplusplus
 }
 #endif

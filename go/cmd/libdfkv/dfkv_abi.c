@@ -228,3 +228,7 @@ int dfkv_batch_exist_lease(dfkv_client_t c, const void* const* keys, const uint6
   return dfkvgo_batch_exist_lease(H(c), (void**)keys, (uint64_t*)key_lens, n, lease_ms, out_ok);
 }
 uint64_t dfkv_max_value_size(dfkv_client_t c) { return dfkvgo_max_value_size(H(c)); }
+
+int dfkv_tag(dfkv_client_t c, const dfkv_block_tag* tags, int n) {
+  return dfkvgo_tag(H(c), (dfkv_block_tag*)tags, n);
+}

@@ -22,11 +22,13 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"runtime/debug"
 	"sync"
 	"unsafe"
 
+	"github.com/dfkv/dfkv/go/client"
 	"github.com/dfkv/dfkv/go/internal/cabi"
 )
 
@@ -552,3 +554,62 @@ func dfkvgo_gomaxprocs() C.int { return C.int(runtime.GOMAXPROCS(0)) }
 
 //export dfkvgo_yield
 func dfkvgo_yield() { cabi.Yield() }
+
+// tagSize is the dfkv_block_tag this library was built with: a caller's struct_size must
+// be at least that (the struct only grows at its end).
+const tagSize = C.sizeof_dfkv_block_tag
+
+func tagHash(p unsafe.Pointer, i int, bytesLen uint32, unsigned bool) client.BlockHash {
+	if bytesLen > 0 {
+		b := unsafe.Slice((*byte)(unsafe.Add(p, uintptr(i)*uintptr(bytesLen))), int(bytesLen))
+		return client.BlockHash{Bytes: append([]byte(nil), b...)}
+	}
+	return client.BlockHash{Int: int64(*(*C.int64_t)(unsafe.Add(p, uintptr(i)*8))), Unsigned: unsigned}
+}
+
+//export dfkvgo_tag
+func dfkvgo_tag(c C.uintptr_t, tags *C.dfkv_block_tag, n C.int) C.int {
+	return call(c, -1, func(h *cabi.Handle) (C.int, error) {
+		if n < 0 || n > maxItems || (n > 0 && tags == nil) {
+			return -1, errArg
+		}
+		out := make([]client.Tag, int(n))
+		for i, t := range unsafe.Slice(tags, int(n)) {
+			if t.struct_size < tagSize || t.reserved0 != 0 || t.n_hashes == 0 || t.n_hashes > 1024 || t.hashes == nil {
+				return -1, fmt.Errorf("dfkv_tag: tag %d: struct_size, reserved0 or hashes: %w", i, errArg)
+			}
+			var hl uint32
+			unsigned := t.flags&C.DFKV_TAG_HASH_UINT64 != 0
+			if t.flags&C.DFKV_TAG_HASH_BYTES != 0 {
+				if unsigned {
+					return -1, fmt.Errorf("dfkv_tag: tag %d: bytes and uint64 hashes: %w", i, errArg)
+				}
+				hl = uint32(t.hash_len)
+				if hl == 0 || hl > 64 {
+					return -1, fmt.Errorf("dfkv_tag: tag %d: hash_len %d: %w", i, hl, errArg)
+				}
+			} else if t.flags&^C.DFKV_TAG_HASH_UINT64 != 0 {
+				return -1, fmt.Errorf("dfkv_tag: tag %d: unknown flags %#x: %w", i, uint32(t.flags), errArg)
+			}
+			k, ok := keyOf(t.key, t.key_len)
+			if !ok || t.n_tokens > 1<<16 || (t.n_tokens > 0 && t.token_ids == nil) {
+				return -1, fmt.Errorf("dfkv_tag: tag %d: key or token ids: %w", i, errArg)
+			}
+			ct := client.Tag{Key: append([]byte(nil), k...), Model: cstr(t.model), BlockSize: uint32(t.block_size),
+				LoraID: int64(t.lora_id), LoraName: cstr(t.lora_name)}
+			for j := 0; j < int(t.n_hashes); j++ {
+				ct.BlockHashes = append(ct.BlockHashes, tagHash(t.hashes, j, hl, unsigned))
+			}
+			if t.parent_hash != nil {
+				p := tagHash(t.parent_hash, 0, hl, unsigned)
+				ct.Parent = &p
+			}
+			if t.n_tokens > 0 {
+				ct.TokenIDs = append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(t.token_ids)), int(t.n_tokens))...)
+			}
+			out[i] = ct
+		}
+		attached, err := h.Tag(out)
+		return C.int(attached), err
+	})
+}

@@ -19,10 +19,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dfkv/dfkv/go/cmd/internal/cli"
+	"github.com/dfkv/dfkv/go/internal/kvevents"
 	"github.com/dfkv/dfkv/go/internal/metrics"
 	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/store/tagged"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
 	"github.com/dfkv/dfkv/go/internal/wire"
@@ -47,6 +49,7 @@ type options struct {
 	mds                                    mdsFlags
 	sec                                    cli.Security
 	rdma                                   rdmaOptions
+	events                                 eventOptions
 }
 
 func parse(args []string) (*options, error) {
@@ -73,6 +76,7 @@ func parse(args []string) (*options, error) {
 	fs.IntVar(&o.accessLogSample, "access-log-sample", 1, "log 1 in N requests of each connection")
 	addTierFlags(fs, &o.tier)
 	addRDMAFlags(fs, &o.rdma)
+	addEventFlags(fs, &o.events)
 	o.mds.define(fs)
 	o.sec.Define(fs)
 	fs.Usage = func() {
@@ -92,6 +96,9 @@ func parse(args []string) (*options, error) {
 		return nil, err
 	}
 	if err := o.rdma.validate(); err != nil {
+		return nil, err
+	}
+	if err := o.events.validate(); err != nil {
 		return nil, err
 	}
 	if o.accessLogSample < 1 {
@@ -130,6 +137,17 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 		log.Info("--max-msg not given: largest value set to fit the capacity (raise --cap or set --max-msg)",
 			"max_msg", int64(o.maxMsg), "cap", int64(o.capacity))
 	}
+	reg := cli.NewRegistry("dfkv_server_build_info", "Build and configuration of this node.", "engine", o.engine)
+	var events *kvevents.Publisher
+	if o.events.endpoint != "" && len(dirs) > 0 {
+		pub, wrap, err := startEvents(o.events, net.JoinHostPort(o.host, strconv.Itoa(o.port)), freshStart(o.engine, dirs), dirs[0], reg, log)
+		if err != nil {
+			return err
+		}
+		events = pub
+		defer events.Close() // after the engine: its last removals are published
+		o.tier.tags = wrap
+	}
 	engine, err := openEngine(engineConfig{
 		kind: o.engine, dirs: dirs, capacity: int64(o.capacity), maxValue: int64(o.maxMsg), extent: int64(o.extent), leaseShare: o.leaseShare, log: log,
 	})
@@ -156,7 +174,6 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 	sec.Start(o.sec.ReloadEvery)
 	defer sec.Stop()
 
-	reg := cli.NewRegistry("dfkv_server_build_info", "Build and configuration of this node.", "engine", o.engine)
 	m := server.NewMetrics(reg, engine)
 	rdmaSrv, railMon, err := setupRDMA(o.rdma, engine, limits.MaxValue, reg, log)
 	if err != nil {
@@ -184,6 +201,7 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 		IdleTimeout:         time.Duration(o.idleMS) * time.Millisecond,
 		PutWindow:           o.putWindow,
 		SoftwareVersion:     version.Version, Logger: log, Metrics: m, AccessLog: accessLog, Auth: sec.Tokens,
+		Tagger: tagger(engine),
 	})
 	if err != nil {
 		closeEngine()
@@ -231,6 +249,10 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 	log.Info("dfkv_server listening", "addr", addr, "engine", o.engine, "dirs", strings.Join(dirs, ","),
 		"cap", int64(o.capacity), "version", version.Version, "tls", sec.TLS != nil, "auth_tokens", sec.Tokens != nil)
 
+	if events != nil {
+		events.Start(addr)
+		o.mds.extra = eventMemberConfig(events)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	var railList []wire.Rail
@@ -315,4 +337,12 @@ func splitDirs(list string) []string {
 		}
 	}
 	return dirs
+}
+
+// tagger is the engine's tag keeper (KV events on), or nil.
+func tagger(e store.Engine) server.Tagger {
+	if t, ok := store.Find[*tagged.Engine](e); ok {
+		return t
+	}
+	return nil
 }

@@ -30,6 +30,8 @@ type mdsFlags struct {
 	weight                       uint
 	tlsCA, tlsCert, tlsKey       string
 	tokenFile                    string
+	// extra is appended to the member's configuration (the KV-event endpoints).
+	extra []wire.KV
 }
 
 func (f *mdsFlags) define(fs *flag.FlagSet) {
@@ -138,6 +140,7 @@ func (r *nodeRegistration) start(f *mdsFlags, bound string, rails []wire.Rail, l
 	} else {
 		cfg = append(cfg, wire.KV{Key: "ram_tier", Value: "off"})
 	}
+	cfg = append(cfg, f.extra...)
 	member := &wire.Member{ID: f.id, Addr: addr, Weight: uint32(f.weight), Eligible: true, Version: version.Version, Config: cfg, Rails: rails}
 	r.mu.Lock()
 	r.member = *member

@@ -37,6 +37,8 @@ type tierOptions struct {
 	quotaFile         string
 	defaultQuota      cli.Size
 	pprofAddr         string
+	// tags, when set, wraps the engine below the quota layer (KV events' tag keeping).
+	tags func(store.Engine) (store.Engine, error)
 }
 
 func addTierFlags(fs *flag.FlagSet, o *tierOptions) {
@@ -87,6 +89,13 @@ func wrapEngine(e store.Engine, o tierOptions, log *slog.Logger) (store.Engine, 
 		e = t
 	} else if o.coalesce {
 		e = coalesce.Wrap(e, time.Duration(o.coalesceTimeoutMS)*time.Millisecond)
+	}
+	if o.tags != nil {
+		t, err := o.tags(e)
+		if err != nil {
+			return nil, err
+		}
+		e = t
 	}
 	if o.quotaFile != "" || o.defaultQuota > 0 {
 		l := quota.Limits{Default: -1}

@@ -282,6 +282,15 @@ func (h *Handle) Remove(key []byte) (int, error) {
 	return 1, nil
 }
 
+// Tag attaches engine identities (KV events) and returns how many were attached.
+func (h *Handle) Tag(tags []client.Tag) (int, error) {
+	n, err := h.c.Tag(context.Background(), tags)
+	if err != nil {
+		return -1, err
+	}
+	return n, nil
+}
+
 // results copies per-item outcomes; the error is the first failed item's, for
 // dfkv_last_error (the call itself succeeded).
 func results(items []client.Item, outOK []int32, outLens []uint64, absentOK bool) error {

@@ -233,7 +233,7 @@ func (c *conn) permitted(r *wire.Request) bool {
 		return true
 	case fb.OpGet, fb.OpExist, fb.OpSgGet, fb.OpBatchGet, fb.OpBatchExist, fb.OpBatchExistLease:
 		need = secure.RightRead
-	case fb.OpPut, fb.OpSgPut, fb.OpBatchPut:
+	case fb.OpPut, fb.OpSgPut, fb.OpBatchPut, fb.OpTag:
 		need = secure.RightWrite
 	case fb.OpRemove, fb.OpBatchRemove:
 		need = secure.RightRemove
@@ -279,6 +279,8 @@ func (c *conn) dispatch(r *wire.Request) error {
 		return c.batchRead(r)
 	case fb.OpRdmaBootstrap:
 		return c.rdmaBootstrap()
+	case fb.OpTag:
+		return c.tag(r)
 	default:
 		// Limits.Check refuses unknown ops; reaching here is a bug, not input.
 		return errConn{fmt.Errorf("unhandled op %d", r.Op)}
@@ -473,6 +475,39 @@ func (c *conn) batchPut(r *wire.Request) error {
 	for i := range results {
 		c.appendResult(&results[i])
 	}
+	return nil
+}
+
+// tag attaches engine identities to stored objects (KV events). The reply's count is the
+// number attached; a node without a Tagger attaches none. A payload that does not decode
+// answers Invalid and the connection stays usable (its length was checked).
+func (c *conn) tag(r *wire.Request) error {
+	var buf []byte
+	if r.PayloadLen <= uint64(c.s.cfg.Limits.MaxControl) {
+		if err := c.readItems(r.PayloadLen); err != nil {
+			return err
+		}
+		buf = c.items
+	} else {
+		// Large tag frames are rare (thousands of tokens per object): not kept.
+		buf = make([]byte, r.PayloadLen)
+		if _, err := io.ReadFull(c.br, buf); err != nil {
+			return errConn{err}
+		}
+	}
+	tags, err := wire.DecodeTagBatch(buf)
+	if err != nil {
+		c.s.m.FramesInvalid.WithLabelValues("tag").Inc()
+		c.s.m.request(r.Op, fb.StatusInvalid)
+		c.replyStatus(r.Op, fb.StatusInvalid, 0)
+		return nil
+	}
+	n := 0
+	if c.s.cfg.Tagger != nil {
+		n = c.s.cfg.Tagger.SetTags(r.Tenant, tags)
+	}
+	c.s.m.request(r.Op, fb.StatusOk)
+	c.appendResponse(&wire.Response{Op: r.Op, Status: fb.StatusOk, Count: uint32(n)})
 	return nil
 }
 

@@ -40,6 +40,15 @@ type Config struct {
 	// RDMA, when set, answers RdmaBootstrap: the connection then carries the RDMA
 	// bootstrap and stays open as that RDMA connection's liveness signal (docs/RDMA.md).
 	RDMA RDMAServer
+	// Tagger, when set, takes the engine identities of Op Tag (KV events); without it Op
+	// Tag answers Ok with count 0.
+	Tagger Tagger
+}
+
+// Tagger attaches engine identities to stored objects (tagged.Engine).
+type Tagger interface {
+	// SetTags attaches tags to objects of tenant stored here and returns how many.
+	SetTags(tenant uint64, tags []wire.ObjectTag) int
 }
 
 func (c *Config) setDefaults() {

@@ -114,6 +114,10 @@ func (l Limits) Check(r *Request) error {
 		if r.PayloadLen != uint64(r.Count)*BatchItemSize {
 			return bad(ErrMalformed, "batch payload %d != %d items", r.PayloadLen, r.Count)
 		}
+	case fb.OpTag:
+		if r.PayloadLen == 0 || r.PayloadLen > MaxTagPayload {
+			return bad(ErrLimit, "tag payload %d not in 1..%d", r.PayloadLen, MaxTagPayload)
+		}
 	default:
 		return bad(ErrUnknownOp, "unknown")
 	}

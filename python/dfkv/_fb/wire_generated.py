@@ -24,6 +24,7 @@ class Op(object):
     Mds = 14
     BatchExistLease = 15
     RdmaBootstrap = 16
+    Tag = 20
 
 
 class Status(object):

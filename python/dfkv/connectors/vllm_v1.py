@@ -165,6 +165,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         if isinstance(model, (list, tuple)):
             model = model[0] if model else None
         model = str(model or "unknown-model")
+        self.model_label = model  # the KV events' model label (BlockStored topics)
         revision = self.cfg.revision or str(getattr(mc, "revision", None) or "")
 
         groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
@@ -686,9 +687,28 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         saves = getattr(self._get_connector_metadata(), "saves", None) or []
         units = [u for x in saves for u in self._units(x) if self._writes(u[1])]
         if units:
-            safe_call("vLLM save", None, self._save_units, units)
+            # The engine block hash of each object, for KV events (docs/EVENTS.md).
+            hashes = {self._key(h, g, self.tp_rank, self.pp_rank, self.dcp_rank): h
+                      for x in saves for h, g, _, _ in x.items}
+            safe_call("vLLM save", None, self._save_units, units, hashes)
 
-    def _save_units(self, units: List[Tuple[bytes, int, int, int]]) -> None:
+    def _tag_saved(self, c: Any, keys: List[bytes], ok: Sequence[bool], hashes: Dict[bytes, bytes]) -> None:
+        """Attach vLLM's block hash to every stored object: a node with --kv-events then
+        publishes BlockStored/BlockRemoved under it (hashes as vLLM's own events carry them,
+        bytes unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES). Best effort: a node without
+        events attaches none, an older node refuses (logged once by the caller's safe_call)."""
+        import dfkv
+
+        try:
+            from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as conv
+        except ImportError:  # older vLLM: the hash is what it publishes
+            conv = bytes
+        tags = [dfkv.Tag(key=k, block_hashes=[conv(hashes[k])], model=self.model_label, block_size=self.hash_tokens)
+                for k, good in zip(keys, ok) if good and k in hashes]
+        if tags:
+            c.tag(tags)
+
+    def _save_units(self, units: List[Tuple[bytes, int, int, int]], hashes: Optional[Dict[bytes, bytes]] = None) -> None:
         c = self._client.get()
         if c is None:
             return
@@ -703,8 +723,10 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                 else:
                     for i in rows:
                         self._gather(g, [chunk[i][2]], buf[i:i + 1, : self._obj_bytes[g]])
-            c.batch_put([k for k, _, _, _ in chunk],
-                        [buf[i, : self._obj_bytes[g]] for i, (_, g, _, _) in enumerate(chunk)])
+            keys = [k for k, _, _, _ in chunk]
+            ok = c.batch_put(keys, [buf[i, : self._obj_bytes[g]] for i, (_, g, _, _) in enumerate(chunk)])
+            if hashes:
+                safe_call("vLLM tag", None, self._tag_saved, c, keys, ok, hashes)
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         done = set()

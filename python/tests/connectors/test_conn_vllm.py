@@ -292,3 +292,50 @@ def test_rdma_moves_blocks_through_the_registered_host_buffers(rdma_members, ten
     assert out["unreg"] == [True] * int(sum(out["regs"])), out
     for side in (w, rd):
         assert side["dfkv_rdma_mr_adhoc_registrations_total"] == 0 and side["dfkv_rdma_staged_ops_total"] == 0, out
+
+
+@pytest.fixture(scope="module")
+def events_node(tmp_path_factory):
+    """A dfkv_server publishing KV events: (members, PUB endpoint)."""
+    import socket
+
+    from conftest import _run_server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        pub = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    for addr in _run_server(tmp_path_factory, "dfkv_server_events", "--kv-events", pub):
+        yield f"n1={addr}", pub
+
+
+def test_saved_blocks_publish_vllm_block_hashes(events_node, tenant):
+    """The connector tags what it stores with vLLM's block hash: the node's KV events,
+    decoded with vLLM's own classes, name the saved blocks' hashes and the model."""
+    import msgspec
+    import zmq
+    from vllm.distributed import kv_events
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    members, pub = events_node
+    ctx = zmq.Context()
+    try:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pub)
+        time.sleep(0.5)  # the subscription reaches the publisher
+        sched, _, _ = _prefill_and_save(members, tenant, [3, 4, 5, 6])
+        want = {maybe_convert_block_hash(h) for h in vllm_request("writer", PROMPT).block_hashes[:3]}
+        dec = msgspec.msgpack.Decoder(type=kv_events.KVEventBatch)
+        got, topics = set(), set()
+        deadline = time.monotonic() + 15
+        while got != want and time.monotonic() < deadline:
+            if sub.poll(200):
+                topic, _, payload = sub.recv_multipart()
+                topics.add(topic.decode())
+                for ev in dec.decode(payload).events:
+                    if isinstance(ev, kv_events.BlockStored):
+                        got.update(ev.block_hashes)
+        assert got == want
+        assert all(t.endswith("@" + sched.model_label) for t in topics), topics
+    finally:
+        ctx.destroy(linger=0)

@@ -27,6 +27,7 @@ const (
 	OpMds             Op = 14
 	OpBatchExistLease Op = 15
 	OpRdmaBootstrap   Op = 16
+	OpTag             Op = 20
 )
 
 var EnumNamesOp = map[Op]string{
@@ -47,6 +48,7 @@ var EnumNamesOp = map[Op]string{
 	OpMds:             "Mds",
 	OpBatchExistLease: "BatchExistLease",
 	OpRdmaBootstrap:   "RdmaBootstrap",
+	OpTag:             "Tag",
 }
 
 var EnumValuesOp = map[string]Op{
@@ -67,6 +69,7 @@ var EnumValuesOp = map[string]Op{
 	"Mds":             OpMds,
 	"BatchExistLease": OpBatchExistLease,
 	"RdmaBootstrap":   OpRdmaBootstrap,
+	"Tag":             OpTag,
 }
 
 func (v Op) String() string {
