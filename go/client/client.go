@@ -18,6 +18,7 @@ import (
 	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/transport"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
 	"github.com/dfkv/dfkv/go/internal/wire"
@@ -134,6 +135,9 @@ func New(opts Options) (*Client, error) {
 		_ = c.m.reg.Register(col)
 	}
 	if opts.RDMA != nil {
+		if g := opts.RDMA.GIDIndex; g != nil && (*g < 0 || *g > verbs.MaxGIDIndex) {
+			return nil, fmt.Errorf("%w: RDMA GID index %d (0..%d)", ErrInvalid, *g, verbs.MaxGIDIndex)
+		}
 		rc, err := newRailConfig(opts.RDMA)
 		if err != nil {
 			return nil, err

@@ -101,6 +101,28 @@ type RDMAOptions struct {
 	// NotifyOOBFallback (DFKV_RDMA_NOTIFY_OOB_FALLBACK=1): notifications a server cannot take
 	// natively go over the bootstrap TCP connection instead of failing.
 	NotifyOOBFallback bool
+	// RefusalBackoff is how long a server that refused RDMA (no RDMA there, a refused or
+	// failed handshake) is served over TCP before the next bootstrap; it doubles with each
+	// further refusal up to RefusalBackoffMax and resets on success. Default 1 s and 60 s
+	// (DFKV_RDMA_REFUSAL_BACKOFF_MS sets the base in the C ABI).
+	RefusalBackoff    time.Duration
+	RefusalBackoffMax time.Duration
+	// GIDIndex (DFKV_RDMA_GID_INDEX) forces the source GID index of every connection;
+	// nil chooses per connection from the addresses in use (docs/RDMA.md §8).
+	GIDIndex *int
+	// HopLimit (DFKV_RDMA_HOP_LIMIT) of RoCE v2 packets; 0 = 64.
+	HopLimit uint8
+	// TrafficClass (DFKV_RDMA_TRAFFIC_CLASS) is the RoCE packets' DSCP<<2|ECN byte.
+	TrafficClass uint8
+}
+
+// gidPolicy is the options' part of each connection's GID choice.
+func (o *RDMAOptions) gidPolicy() verbs.GIDPolicy {
+	p := verbs.GIDPolicy{HopLimit: o.HopLimit, TrafficClass: o.TrafficClass}
+	if o.GIDIndex != nil {
+		p.Index, p.HasIndex = *o.GIDIndex, true
+	}
+	return p
 }
 
 type rdmaState struct {
@@ -149,7 +171,7 @@ func (c *Client) registerRDMAMetrics() {
 // peerRDMA is one server's RDMA connection pool.
 type peerRDMA struct {
 	mu      sync.Mutex
-	tcp     bool                        // the server answered that it does not serve (our) RDMA: stay on TCP
+	refusal refusalBackoff              // the server refused RDMA: stay on TCP for a while
 	v1      bool                        // the server answers v1: offer v1 from the start
 	idle    []idleConn                  // most recently used last
 	all     map[*onesided.Client]string // every open connection and its rail
@@ -473,7 +495,7 @@ func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, s
 	o := c.opts.RDMA
 	r := &p.rdma
 	r.mu.Lock()
-	if r.tcp || r.closed {
+	if r.refusal.active(time.Now()) || r.closed {
 		r.mu.Unlock()
 		return nil, "", nil
 	}
@@ -646,7 +668,7 @@ func (c *Client) rdmaDialLane(ctx context.Context, p *peer, rail string, v1, sg 
 	}
 	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: dev.Name(), Shared: dev,
 		Depth: depth, MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
-		ForceV1: v1, MRCacheBytes: o.MRCacheBytes,
+		ForceV1: v1, MRCacheBytes: o.MRCacheBytes, GID: o.gidPolicy(),
 		Notify: onesided.NotifyConfig{Enabled: o.Notify, OOBFallback: o.NotifyOOBFallback, Handler: c.railNotice(p)}})
 	if !stop() { // the context ended during the bootstrap: not the rail's nor the server's fault
 		if err == nil {
@@ -666,11 +688,18 @@ func (c *Client) rdmaDialLane(ctx context.Context, p *peer, rail string, v1, sg 
 		c.quarantineRail(p, rail) // this rail failed; others may not
 		c.setTCPReason(err.Error())
 		return nil
-	case errors.Is(err, verbs.ErrNoDevice), errors.Is(err, verbs.ErrUnavailable), errors.Is(err, dcp.ErrRefused):
-		c.markTCP(p, err.Error())
-		return nil
-	default: // e.g. the server's segment is exhausted right now: this op goes over TCP
+	case errors.Is(err, onesided.ErrBusy): // the server's segment is exhausted right now: this op goes over TCP
 		c.setTCPReason(err.Error())
+		return nil
+	case rail != "": // a failed handshake on one rail: avoid that rail (probed back), not the server
+		c.quarantineRail(p, rail)
+		c.setTCPReason(err.Error())
+		return nil
+	default:
+		// No device here, a tail refused either way, a failed handshake (an RTR that
+		// cannot reach the peer, an answer that never came): the next op would fail the
+		// same way, so the server stays on TCP for a backoff.
+		c.markTCP(p, err.Error())
 		return nil
 	}
 	r.mu.Lock()
@@ -679,6 +708,7 @@ func (c *Client) rdmaDialLane(ctx context.Context, p *peer, rail string, v1, sg 
 		oc.Close()
 		return nil
 	}
+	r.refusal.ok()
 	switch {
 	case sg:
 		if r.sg.all == nil {
@@ -731,12 +761,16 @@ func (c *Client) railNotice(p *peer) func(name string, body []byte) {
 	}
 }
 
+// markTCP keeps p on TCP for its refusal backoff (refusalBackoff), saying why in
+// TransportMode and one log line per refusal.
 func (c *Client) markTCP(p *peer, why string) {
+	o := c.opts.RDMA
 	p.rdma.mu.Lock()
-	p.rdma.tcp = true
+	d := p.rdma.refusal.fail(time.Now(), o.RefusalBackoff, o.RefusalBackoffMax)
+	n := p.rdma.refusal.n
 	p.rdma.mu.Unlock()
-	c.opts.Logger.Info("dfkv: rdma not in use for a server; using TCP", "server", p.addr, "reason", why)
-	c.setTCPReason(why)
+	c.opts.Logger.Info("dfkv: rdma not in use for a server; using TCP", "server", p.addr, "reason", why, "retry_in", d, "refusals", n)
+	c.setTCPReason(fmt.Sprintf("%s; TCP for %v, refusal %d", why, d, n))
 }
 
 // rdmaExec runs op over RDMA when p is served that way; handled is false for TCP peers.

@@ -119,7 +119,7 @@ func (c *Client) sgConn(ctx context.Context, p *peer) (*onesided.Client, string)
 func (c *Client) sgConnOnce(ctx context.Context, p *peer) (*onesided.Client, string, error) {
 	r := &p.rdma
 	r.mu.Lock()
-	if r.tcp || r.closed {
+	if r.refusal.active(time.Now()) || r.closed {
 		r.mu.Unlock()
 		return nil, "", nil
 	}

@@ -96,7 +96,7 @@ func (s *serverProc) start() {
 	s.exited = make(chan error, 1)
 	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(s.cmd, s.exited)
 	// A server registering a large receive segment on Soft-RoCE under emulation takes long.
-	deadline := time.Now().Add(scaled(30 * time.Second))
+	deadline := time.Now().Add(fabricTimeout(30 * time.Second))
 	for {
 		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
 			s.addr = strings.TrimSpace(string(b))

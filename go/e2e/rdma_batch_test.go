@@ -55,7 +55,7 @@ func rdmaSuite(t *testing.T, provider, dev string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma-batch"), IOTimeout: 60 * time.Second,
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma-batch"), IOTimeout: fabricTimeout(60 * time.Second),
 		BatchConcurrency: 2, RDMA: &client.RDMAOptions{Provider: provider, Device: dev, MaxBlock: 64 << 20, Depth: 2, MaxConns: 3}})
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +161,7 @@ func rdmaSuite(t *testing.T, provider, dev string) {
 		}
 	}
 	// The largest value, written by a batch over RDMA, reads back over plain TCP.
-	tc, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma-batch"), IOTimeout: 60 * time.Second})
+	tc, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma-batch"), IOTimeout: fabricTimeout(60 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func rdmaSuite(t *testing.T, provider, dev string) {
 // waitMetric polls until cond holds for the value read by get, or fails at the deadline.
 func waitMetric(t *testing.T, what string, get func() float64, cond func(float64) bool) {
 	t.Helper()
-	deadline := time.Now().Add(scaled(30 * time.Second))
+	deadline := time.Now().Add(fabricTimeout(30 * time.Second))
 	for {
 		v := get()
 		if cond(v) {
@@ -239,7 +239,7 @@ func TestRDMAIdleReclaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{Membership: ms, IOTimeout: 30 * time.Second,
+	c, err := client.New(client.Options{Membership: ms, IOTimeout: fabricTimeout(30 * time.Second),
 		RDMA: &client.RDMAOptions{Provider: rdmaProvider, MaxBlock: 1 << 20, IdleTimeout: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
@@ -282,7 +282,7 @@ func TestRDMABatchServerKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{Membership: ms, IOTimeout: scaled(5 * time.Second), BatchConcurrency: 1,
+	c, err := client.New(client.Options{Membership: ms, IOTimeout: fabricTimeout(5 * time.Second), BatchConcurrency: 1,
 		RDMA: &client.RDMAOptions{Provider: rdmaProvider, Depth: 2}})
 	if err != nil {
 		t.Fatal(err)
@@ -316,7 +316,7 @@ func TestRDMABatchServerKilled(t *testing.T) {
 	var took time.Duration
 	select {
 	case took = <-done:
-	case <-time.After(60 * time.Second):
+	case <-time.After(fabricTimeout(60 * time.Second)):
 		t.Fatal("BatchGet hung after the server was killed")
 	}
 	failed := 0

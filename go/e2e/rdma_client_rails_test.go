@@ -59,7 +59,7 @@ func (r *railRig) client(t *testing.T, o client.RDMAOptions) *client.Client {
 	if o.MaxBlock == 0 {
 		o.MaxBlock = 4 << 20
 	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte(r.group), IOTimeout: 30 * time.Second, RDMA: &o})
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte(r.group), IOTimeout: fabricTimeout(30 * time.Second), RDMA: &o})
 	if err != nil {
 		ms.Close()
 		t.Fatal(err)

@@ -26,7 +26,7 @@ func TestRDMASharedDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma-dev"), IOTimeout: 30 * time.Second,
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma-dev"), IOTimeout: fabricTimeout(30 * time.Second),
 		BatchConcurrency: 4, RDMA: &client.RDMAOptions{Provider: rdmaProvider, MaxBlock: 1 << 20, Depth: 2, MaxConns: 4}})
 	if err != nil {
 		t.Fatal(err)

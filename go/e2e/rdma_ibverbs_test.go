@@ -63,7 +63,7 @@ func TestRDMAIbverbsPortDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("portdown"), IOTimeout: scaled(15 * time.Second),
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("portdown"), IOTimeout: fabricTimeout(15 * time.Second),
 		RDMA: &client.RDMAOptions{Provider: "ibverbs", Devices: devs[:], Primary: devs[0], Depth: 2, MaxBlock: 4 << 20,
 			Notify: true, RailProbeInterval: 200 * time.Millisecond}})
 	if err != nil {
@@ -98,14 +98,14 @@ func TestRDMAIbverbsPortDown(t *testing.T) {
 	served0 := s.metric("dfkv_rdma_v2_get_writes_total")
 	done := make(chan error, 1)
 	go func() { done <- c.BatchGet(ctx, gets, client.Exact) }()
-	waitFor(t, scaled(30*time.Second), "the batch under way", func() bool { return s.metric("dfkv_rdma_v2_get_writes_total") >= served0+2 })
+	waitFor(t, fabricTimeout(30*time.Second), "the batch under way", func() bool { return s.metric("dfkv_rdma_v2_get_writes_total") >= served0+2 })
 	linkSet(t, netdevs[0], "down")
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Fatalf("batch get across the port going down: %v", err)
 		}
-	case <-time.After(scaled(60 * time.Second)):
+	case <-time.After(fabricTimeout(60 * time.Second)):
 		t.Fatal("batch get hung after the port went down")
 	}
 	for i := range gets {
@@ -113,10 +113,10 @@ func TestRDMAIbverbsPortDown(t *testing.T) {
 			t.Fatalf("item %d: %v, equal %v", i, gets[i].Err, bytes.Equal(gets[i].Buf, items[i].Value))
 		}
 	}
-	waitFor(t, scaled(10*time.Second), "the server publishes "+devs[0]+" down", func() bool {
+	waitFor(t, fabricTimeout(10*time.Second), "the server publishes "+devs[0]+" down", func() bool {
 		return railMetric(t, s, "dfkv_rdma_rail_healthy", devs[0]) == 0
 	})
-	waitFor(t, scaled(10*time.Second), "the client quarantines "+devs[0], func() bool {
+	waitFor(t, fabricTimeout(10*time.Second), "the client quarantines "+devs[0], func() bool {
 		return clientRail(t, c, "dfkv_rdma_client_rail_quarantines_total", devs[0]) >= 1
 	})
 	replayed := clientRail(t, c, "dfkv_rdma_client_rail_replayed_ops_total", devs[1])
@@ -141,11 +141,11 @@ func TestRDMAIbverbsPortDown(t *testing.T) {
 	}
 
 	linkSet(t, netdevs[0], "up")
-	waitFor(t, scaled(20*time.Second), "the server publishes "+devs[0]+" healthy", func() bool {
+	waitFor(t, fabricTimeout(20*time.Second), "the server publishes "+devs[0]+" healthy", func() bool {
 		return railMetric(t, s, "dfkv_rdma_rail_healthy", devs[0]) == 1
 	})
 	got := make([]byte, len(v))
-	waitFor(t, scaled(30*time.Second), "the client back on "+devs[0], func() bool {
+	waitFor(t, fabricTimeout(30*time.Second), "the client back on "+devs[0], func() bool {
 		ops0 := clientRail(t, c, "dfkv_rdma_client_rail_ops_total", devs[0])
 		if err := c.Get(ctx, []byte("during"), got); err != nil || !bytes.Equal(got, v) {
 			t.Fatalf("get after up: %v", err)

@@ -25,7 +25,7 @@ func rdmaChild(addr string) int {
 		fmt.Println(err)
 		return 1
 	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("kill"), IOTimeout: scaled(10 * time.Second),
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("kill"), IOTimeout: fabricTimeout(10 * time.Second),
 		BatchConcurrency: 2, RDMA: &client.RDMAOptions{Provider: rdmaProvider, Device: rdmaDev, MaxBlock: 4 << 20, Depth: 2, MaxConns: 2}})
 	if err != nil {
 		fmt.Println(err)
@@ -84,7 +84,7 @@ func TestRDMAClientKilled(t *testing.T) {
 		if line != "ready rdma" {
 			t.Fatalf("child: %q", line)
 		}
-	case <-time.After(scaled(30 * time.Second)):
+	case <-time.After(fabricTimeout(30 * time.Second)):
 		t.Fatal("the client process did not get going")
 	}
 	waitMetric(t, "the child's PUTs over RDMA", func() float64 { return s.metric("dfkv_rdma_v2_put_writes_total") }, func(v float64) bool { return v >= 3 })
@@ -92,16 +92,16 @@ func TestRDMAClientKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	child.Wait()
-	waitFor(t, scaled(30*time.Second), "the server drops the dead client's connections", func() bool {
+	waitFor(t, fabricTimeout(30*time.Second), "the server drops the dead client's connections", func() bool {
 		return s.metric("dfkv_rdma_active_conns") == 0 && s.metric("dfkv_rdma_recv_segment_free_bytes") == segment
 	})
-	waitFor(t, scaled(10*time.Second), "no pins held", func() bool { return s.metric("dfkv_rdma_pins_held") == 0 })
+	waitFor(t, fabricTimeout(10*time.Second), "no pins held", func() bool { return s.metric("dfkv_rdma_pins_held") == 0 })
 
 	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("kill"), IOTimeout: scaled(10 * time.Second),
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("kill"), IOTimeout: fabricTimeout(10 * time.Second),
 		RDMA: &client.RDMAOptions{Provider: rdmaProvider, Device: rdmaDev, MaxBlock: 4 << 20}})
 	if err != nil {
 		t.Fatal(err)

@@ -22,7 +22,7 @@ func TestRDMANotifyDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("notify"), IOTimeout: scaled(10 * time.Second),
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("notify"), IOTimeout: fabricTimeout(10 * time.Second),
 		RDMA: &client.RDMAOptions{Provider: rdmaProvider, Notify: true}})
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +161,7 @@ func railEventClient(t *testing.T, s *serverProc, ns string, o client.RDMAOption
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{Membership: ms, Namespace: []byte(ns), IOTimeout: scaled(10 * time.Second), RDMA: &o})
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte(ns), IOTimeout: fabricTimeout(10 * time.Second), RDMA: &o})
 	if err != nil {
 		t.Fatal(err)
 	}

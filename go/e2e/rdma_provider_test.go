@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"os"
-	"strconv"
 	"testing"
-	"time"
 
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/ibverbs"
@@ -18,16 +16,6 @@ import (
 var (
 	rdmaProvider = envOr("DFKV_TEST_RDMA_PROVIDER", "soft")
 	rdmaDev      = os.Getenv("DFKV_TEST_RDMA_DEV")
-	// timeScale stretches the tests' I/O deadlines on a slow fabric (rxe under software
-	// emulation moves an 8 MiB GET in seconds): DFKV_TEST_TIME_SCALE, default 1. A hang
-	// still fails, only later.
-	timeScale = func() time.Duration {
-		n, err := strconv.Atoi(os.Getenv("DFKV_TEST_TIME_SCALE"))
-		if err != nil || n < 1 {
-			return 1
-		}
-		return time.Duration(n)
-	}()
 )
 
 func envOr(k, def string) string {
@@ -36,9 +24,6 @@ func envOr(k, def string) string {
 	}
 	return def
 }
-
-// scaled is d stretched for the fabric under test.
-func scaled(d time.Duration) time.Duration { return d * timeScale }
 
 // rdmaArgs is the server's RDMA flags for the provider under test, then extra.
 func rdmaArgs(extra ...string) []string {

@@ -203,7 +203,7 @@ func rdmaRoundTrip(t *testing.T, addr string, p *soft.Provider, dev string, seed
 		t.Fatalf("bootstrap status %s", st)
 	}
 	defer boot.Close()
-	c, err := onesided.Dial(boot, onesided.Config{Provider: p, Device: dev, MaxBlock: 1 << 20, Depth: 2, IOTimeout: 30 * time.Second})
+	c, err := onesided.Dial(boot, onesided.Config{Provider: p, Device: dev, MaxBlock: 1 << 20, Depth: 2, IOTimeout: fabricTimeout(30 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}

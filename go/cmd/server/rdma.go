@@ -35,6 +35,9 @@ type rdmaOptions struct {
 	recoverySamples int
 	notify          bool
 	notifyFallback  bool
+	gidIndex        int // -1 = chosen per connection
+	hopLimit        int
+	trafficClass    int
 }
 
 func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
@@ -51,6 +54,23 @@ func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
 	fs.IntVar(&o.recoverySamples, "rdma-health-recovery-samples", 3, "consecutive healthy samples a rail that was down needs before it is healthy again")
 	fs.BoolVar(&o.notify, "rdma-notify", true, "answer a client's native notification QP (drain notices over RDMA, not TCP)")
 	fs.BoolVar(&o.notifyFallback, "rdma-notify-oob-fallback", false, "send a notification a client cannot take natively over its bootstrap TCP connection")
+	fs.IntVar(&o.gidIndex, "rdma-gid-index", -1, "source GID index on every RDMA connection (0..255); -1 = chosen per connection: RoCE v2 of the client's version and address family, the IPv4-mapped GID of the local address first (docs/RDMA.md §8)")
+	fs.IntVar(&o.hopLimit, "rdma-hop-limit", verbs.DefaultHopLimit, "hop limit (IPv4 TTL) of RoCE v2 packets, 1..255")
+	fs.IntVar(&o.trafficClass, "rdma-traffic-class", 0, "traffic class byte of RoCE packets (DSCP<<2 | ECN, 0..255; e.g. 106 = DSCP 26 with ECT(0) for a lossless class)")
+}
+
+// gidPolicy is the validated GID choice policy of the flags.
+func (o *rdmaOptions) gidPolicy() (verbs.GIDPolicy, error) {
+	if o.gidIndex < -1 || o.gidIndex > verbs.MaxGIDIndex {
+		return verbs.GIDPolicy{}, fmt.Errorf("--rdma-gid-index %d: want -1 (per connection) or 0..%d", o.gidIndex, verbs.MaxGIDIndex)
+	}
+	if o.hopLimit < 1 || o.hopLimit > 255 {
+		return verbs.GIDPolicy{}, fmt.Errorf("--rdma-hop-limit %d: want 1..255", o.hopLimit)
+	}
+	if o.trafficClass < 0 || o.trafficClass > 255 {
+		return verbs.GIDPolicy{}, fmt.Errorf("--rdma-traffic-class %d: want 0..255", o.trafficClass)
+	}
+	return verbs.GIDPolicy{Index: max(o.gidIndex, 0), HasIndex: o.gidIndex >= 0, HopLimit: uint8(o.hopLimit), TrafficClass: uint8(o.trafficClass)}, nil
 }
 
 // validate refuses rail flags that cannot work, before anything opens (setupRDMA checks
@@ -65,6 +85,9 @@ func (o *rdmaOptions) validate() error {
 	}
 	if o.serverProtocol != 0 && o.serverProtocol != 1 {
 		return fmt.Errorf("--rdma-server-protocol %d: want 0 (auto) or 1", o.serverProtocol)
+	}
+	if _, err := o.gidPolicy(); err != nil {
+		return err
 	}
 	if o.healthInterval <= 0 || o.recoverySamples < 1 {
 		return fmt.Errorf("--rdma-health-interval %v / --rdma-health-recovery-samples %d: want > 0 and >= 1", o.healthInterval, o.recoverySamples)
@@ -92,6 +115,24 @@ func rdmaProvider(name string, devs []string) (verbs.Provider, error) {
 		return soft.New(soft.Options{Devices: max(n, e), FaultFile: os.Getenv(soft.FaultsEnv)})
 	}
 	return nil, fmt.Errorf("--rdma-provider %q: want ibverbs or soft", name)
+}
+
+// memlockLimit is the process's locked-memory budget (a seam for tests).
+var memlockLimit = verbs.Memlock
+
+// memlockVerdict says, in one line, when the receive segment cannot be pinned under the
+// memlock limit: ibverbs registers it at start (the soft NIC pins nothing). Checked only
+// where the provider has devices, so that a machine without RDMA keeps saying that.
+// Per-connection registrations that later pass the limit fail with the same line
+// (ibverbs reg_mr), and that connection is refused.
+func memlockVerdict(p verbs.Provider, segment uint64, l verbs.MemlockLimit) error {
+	if p.Name() != "ibverbs" {
+		return nil
+	}
+	if _, err := p.Devices(); err != nil {
+		return nil // no device: the server says that instead
+	}
+	return l.Check(segment, "the receive segment (--rdma-segment)")
 }
 
 // checkListed refuses an explicit --rdma-dev list naming a device the provider does not
@@ -138,6 +179,10 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 	if o.healthInterval <= 0 || o.recoverySamples < 1 {
 		return nil, nil, fmt.Errorf("--rdma-health-interval %v / --rdma-health-recovery-samples %d: want > 0 and >= 1", o.healthInterval, o.recoverySamples)
 	}
+	gid, err := o.gidPolicy()
+	if err != nil {
+		return nil, nil, err
+	}
 	p, err := rdmaProvider(o.provider, append(devs, o.primary))
 	if err != nil {
 		return nil, nil, err
@@ -147,8 +192,15 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 			return nil, nil, err
 		}
 	}
+	if err := memlockVerdict(p, uint64(o.segment), memlockLimit()); err != nil {
+		if len(devs) > 0 {
+			return nil, nil, fmt.Errorf("rdma: --rdma-dev %s: %w", o.devs, err)
+		}
+		log.Warn("rdma not in use; serving TCP only", "provider", o.provider, "reason", err.Error())
+		return nil, nil, nil
+	}
 	cfg := onesided.Config{Provider: p, MaxBlock: maxValue, Depth: uint32(max(o.depth, 1)),
-		SegmentBytes: uint64(o.segment), ForceV1: o.serverProtocol == 1, Logger: log,
+		SegmentBytes: uint64(o.segment), ForceV1: o.serverProtocol == 1, Logger: log, GID: gid,
 		Notify: onesided.NotifyConfig{Enabled: o.notify, OOBFallback: o.notifyFallback}}
 	var srv rdmaServing
 	var rs *onesided.RailServer

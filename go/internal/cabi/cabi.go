@@ -467,8 +467,13 @@ func Version() string { return version.Version }
 // over RDMA, bytes; larger values use TCP), DFKV_RDMA_DEPTH (requests in flight per
 // connection), DFKV_RDMA_IDLE_TIMEOUT_MS (pooled connections idle this long are closed),
 // DFKV_RDMA_NOTIFY=1 (native notifications), DFKV_RDMA_NOTIFY_OOB_FALLBACK=1 (their TCP
-// fallback).
+// fallback), DFKV_RDMA_GID_INDEX (source GID index, 0..255; unset = chosen per connection),
+// DFKV_RDMA_HOP_LIMIT (1..255), DFKV_RDMA_TRAFFIC_CLASS (0..255) and
+// DFKV_RDMA_REFUSAL_BACKOFF_MS (how long a server that refused RDMA stays on TCP first).
 func applyRDMAEnv(o *client.RDMAOptions) error {
+	if err := applyPathEnv(o); err != nil {
+		return err
+	}
 	block, err := envInt("DFKV_RDMA_MAX_BLOCK", 0)
 	if err != nil {
 		return err
@@ -485,6 +490,31 @@ func applyRDMAEnv(o *client.RDMAOptions) error {
 	o.Notify = os.Getenv("DFKV_RDMA_NOTIFY") == "1"
 	o.NotifyOOBFallback = os.Getenv("DFKV_RDMA_NOTIFY_OOB_FALLBACK") == "1"
 	return applyRailEnv(o)
+}
+
+// applyPathEnv reads the GID choice twins (docs/RDMA.md §8).
+func applyPathEnv(o *client.RDMAOptions) error {
+	for _, e := range []struct {
+		name   string
+		lo, hi int
+		set    func(int)
+	}{
+		{"DFKV_RDMA_GID_INDEX", 0, 255, func(n int) { o.GIDIndex = &n }},
+		{"DFKV_RDMA_HOP_LIMIT", 1, 255, func(n int) { o.HopLimit = uint8(n) }},
+		{"DFKV_RDMA_TRAFFIC_CLASS", 0, 255, func(n int) { o.TrafficClass = uint8(n) }},
+		{"DFKV_RDMA_REFUSAL_BACKOFF_MS", 1, 3_600_000, func(n int) { o.RefusalBackoff = time.Duration(n) * time.Millisecond }},
+	} {
+		v := strings.TrimSpace(os.Getenv(e.name))
+		if v == "" {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < e.lo || n > e.hi {
+			return fmt.Errorf("%s=%q: want %d..%d", e.name, v, e.lo, e.hi)
+		}
+		e.set(n)
+	}
+	return nil
 }
 
 // applyRailEnv reads the rail twins (docs/RDMA.md §4): DFKV_RDMA_NUMA (1 = prefer rails on

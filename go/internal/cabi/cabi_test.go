@@ -300,3 +300,37 @@ func TestRDMARailTuningEnv(t *testing.T) {
 		})
 	}
 }
+
+// DFKV_RDMA_GID_INDEX / _HOP_LIMIT / _TRAFFIC_CLASS / _REFUSAL_BACKOFF_MS map onto
+// RDMAOptions (unset: the GID is chosen per connection); a malformed or out-of-range value
+// refuses the open with the variable's name.
+func TestRDMAPathEnv(t *testing.T) {
+	var o client.RDMAOptions
+	if err := applyPathEnv(&o); err != nil || o.GIDIndex != nil || o.HopLimit != 0 || o.TrafficClass != 0 || o.RefusalBackoff != 0 {
+		t.Fatalf("unset: %+v %v", o, err)
+	}
+	t.Setenv("DFKV_RDMA_GID_INDEX", "3")
+	t.Setenv("DFKV_RDMA_HOP_LIMIT", "16")
+	t.Setenv("DFKV_RDMA_TRAFFIC_CLASS", "106")
+	t.Setenv("DFKV_RDMA_REFUSAL_BACKOFF_MS", "250")
+	if err := applyPathEnv(&o); err != nil {
+		t.Fatal(err)
+	}
+	if o.GIDIndex == nil || *o.GIDIndex != 3 || o.HopLimit != 16 || o.TrafficClass != 106 || o.RefusalBackoff != 250*time.Millisecond {
+		t.Fatalf("%+v", o)
+	}
+	for env, bad := range map[string]string{
+		"DFKV_RDMA_GID_INDEX":          "256",
+		"DFKV_RDMA_HOP_LIMIT":          "0",
+		"DFKV_RDMA_TRAFFIC_CLASS":      "ef",
+		"DFKV_RDMA_REFUSAL_BACKOFF_MS": "-5",
+	} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, bad)
+			err := applyPathEnv(&client.RDMAOptions{})
+			if err == nil || !strings.Contains(err.Error(), env) {
+				t.Fatalf("%s=%s: %v", env, bad, err)
+			}
+		})
+	}
+}

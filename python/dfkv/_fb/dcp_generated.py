@@ -93,8 +93,15 @@ class QpInfo(object):
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return 0
 
+    # QpInfo
+    def GidType(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, o + self._tab.Pos)
+        return 0
+
 def QpInfoStart(builder):
-    builder.StartObject(7)
+    builder.StartObject(8)
 
 def QpInfoAddDevice(builder, device):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(device), 0)
@@ -119,6 +126,9 @@ def QpInfoAddPsn(builder, psn):
 
 def QpInfoAddMtu(builder, mtu):
     builder.PrependUint32Slot(6, mtu, 0)
+
+def QpInfoAddGidType(builder, gidType):
+    builder.PrependUint8Slot(7, gidType, 0)
 
 def QpInfoEnd(builder):
     return builder.EndObject()

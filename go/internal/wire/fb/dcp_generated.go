@@ -143,8 +143,20 @@ func (rcv *QpInfo) MutateMtu(n uint32) bool {
 	return rcv._tab.MutateUint32Slot(16, n)
 }
 
+func (rcv *QpInfo) GidType() byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		return rcv._tab.GetByte(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *QpInfo) MutateGidType(n byte) bool {
+	return rcv._tab.MutateByteSlot(18, n)
+}
+
 func QpInfoStart(builder *flatbuffers.Builder) {
-	builder.StartObject(7)
+	builder.StartObject(8)
 }
 func QpInfoAddDevice(builder *flatbuffers.Builder, device flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(device), 0)
@@ -169,6 +181,9 @@ func QpInfoAddPsn(builder *flatbuffers.Builder, psn uint32) {
 }
 func QpInfoAddMtu(builder *flatbuffers.Builder, mtu uint32) {
 	builder.PrependUint32Slot(6, mtu, 0)
+}
+func QpInfoAddGidType(builder *flatbuffers.Builder, gidType byte) {
+	builder.PrependByteSlot(7, gidType, 0)
 }
 func QpInfoEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

@@ -47,14 +47,16 @@ type Rail struct {
 	Port   uint8
 	LID    uint16
 	GID    verbs.GID
-	QPNum  uint32
-	PSN    uint32
-	MTU    uint32
+	// GIDType is GID's RoCE version (QpInfo.gid_type; Unknown from a peer that predates it).
+	GIDType verbs.GIDType
+	QPNum   uint32
+	PSN     uint32
+	MTU     uint32
 }
 
 // Endpoint converts the rail to the verbs endpoint to connect to.
 func (r Rail) Endpoint() verbs.Endpoint {
-	return verbs.Endpoint{QPNum: r.QPNum, PSN: r.PSN, GID: r.GID, LID: r.LID, Port: r.Port, MTU: r.MTU}
+	return verbs.Endpoint{QPNum: r.QPNum, PSN: r.PSN, GID: r.GID, GIDType: r.GIDType, LID: r.LID, Port: r.Port, MTU: r.MTU}
 }
 
 // Segment is a lease of a registered receive segment: Slots slots of SlotBytes at Addr.
@@ -137,6 +139,9 @@ func encode(t Tail, magic uint32) []byte {
 		fb.QpInfoAddQpNum(b, r.QPNum)
 		fb.QpInfoAddPsn(b, r.PSN)
 		fb.QpInfoAddMtu(b, r.MTU)
+		if r.GIDType != verbs.GIDTypeUnknown {
+			fb.QpInfoAddGidType(b, uint8(r.GIDType))
+		}
 		rails[i] = fb.QpInfoEnd(b)
 	}
 	segs := make([]flatbuffers.UOffsetT, len(t.Segments))
@@ -202,7 +207,8 @@ func decode(buf []byte) (t Tail, magic uint32, err error) {
 			if !x.Rails(&q, i) {
 				return fmt.Errorf("%w: rail %d", ErrMalformed, i)
 			}
-			r := Rail{Device: string(q.Device()), Port: q.Port(), LID: q.Lid(), QPNum: q.QpNum(), PSN: q.Psn(), MTU: q.Mtu()}
+			r := Rail{Device: string(q.Device()), Port: q.Port(), LID: q.Lid(), QPNum: q.QpNum(), PSN: q.Psn(), MTU: q.Mtu(),
+				GIDType: verbs.GIDType(q.GidType())}
 			if n := q.GidLength(); n != 16 {
 				return fmt.Errorf("%w: rail %d GID of %d bytes", ErrRefused, i, n)
 			}
@@ -267,6 +273,9 @@ func checkCommon(t Tail, magic uint32, lim Limits) error {
 		}
 		if r.GID.IsZero() && r.LID == 0 {
 			return refuse("rail %d has neither GID nor LID", i)
+		}
+		if r.GIDType > verbs.GIDTypeRoCEv2 {
+			return refuse("rail %d gid type %d (0..2)", i, r.GIDType)
 		}
 	}
 	if n := t.Notify; n != nil {
@@ -350,6 +359,11 @@ func DecodeAnswer(buf []byte, offer Tail, lim Limits) (Tail, error) {
 	}
 	if offer.Version == V2 && t.Version == V1 {
 		return t, ErrFallbackV1
+	}
+	if a, o := t.Rails[0].GIDType, offer.Rails[0].GIDType; a != verbs.GIDTypeUnknown && o != verbs.GIDTypeUnknown && a != o {
+		// Packets of one RoCE version are dropped by a QP of the other: fail here, not at a
+		// transport timeout.
+		return Tail{}, refuse("answer GID %s is %s, the offer's %s is %s", t.Rails[0].GID, a, offer.Rails[0].GID, o)
 	}
 	if t.Version == V2 {
 		if t.MaxBlock != offer.MaxBlock || t.MaxTargets > offer.MaxTargets {

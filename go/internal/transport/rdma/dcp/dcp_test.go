@@ -59,6 +59,26 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// The GID's RoCE version travels both ways; a tail without it (a peer from before) reads
+// as Unknown and is not checked against the other side's.
+func TestGIDType(t *testing.T) {
+	o := offerV2()
+	o.Rails[0].GIDType = verbs.GIDTypeRoCEv2
+	got, err := DecodeOffer(Encode(o), DefaultLimits)
+	if err != nil || got.Rails[0].GIDType != verbs.GIDTypeRoCEv2 {
+		t.Fatalf("offer gid type %v: %v", got.Rails, err)
+	}
+	a := answerV2(o)
+	a.Rails[0].GIDType = verbs.GIDTypeRoCEv2
+	if gotA, err := DecodeAnswer(Encode(a), o, DefaultLimits); err != nil || gotA.Rails[0].Endpoint().GIDType != verbs.GIDTypeRoCEv2 {
+		t.Fatalf("answer %v: %v", gotA.Rails, err)
+	}
+	legacy := answerV2(o) // no type: accepted whatever the offer said
+	if gotA, err := DecodeAnswer(Encode(legacy), o, DefaultLimits); err != nil || gotA.Rails[0].GIDType != verbs.GIDTypeUnknown {
+		t.Fatalf("legacy answer %v: %v", gotA.Rails, err)
+	}
+}
+
 func TestNegotiation(t *testing.T) {
 	o := offerV2()
 	if Protocol(o, false) != V2 || Protocol(o, true) != V1 {
@@ -100,6 +120,7 @@ func TestBadTails(t *testing.T) {
 		"psn 25 bits":             func(t *Tail) []byte { t.Rails[0].PSN = 1 << 24; return Encode(*t) },
 		"mtu 1500":                func(t *Tail) []byte { t.Rails[0].MTU = 1500; return Encode(*t) },
 		"no address":              func(t *Tail) []byte { t.Rails[0].GID = verbs.GID{}; return Encode(*t) },
+		"gid type 3":              func(t *Tail) []byte { t.Rails[0].GIDType = 3; return Encode(*t) },
 		"v2 without targets":      func(t *Tail) []byte { t.MaxTargets = 0; return Encode(*t) },
 		"too many targets":        func(t *Tail) []byte { t.MaxTargets = 1 << 16; return Encode(*t) },
 		"v1 with targets":         func(t *Tail) []byte { t.Version = V1; return Encode(*t) },
@@ -133,13 +154,17 @@ func TestBadTails(t *testing.T) {
 			a.Segments[0].Slots = a.Depth
 			a.Segments[0].Length = uint64(a.Depth) * a.Segments[0].SlotBytes
 		},
-		"other block":  func(a *Tail) { a.MaxBlock = o.MaxBlock / 2 },
-		"more targets": func(a *Tail) { a.MaxTargets = o.MaxTargets + 1 },
+		"other block":        func(a *Tail) { a.MaxBlock = o.MaxBlock / 2 },
+		"other RoCE version": func(a *Tail) { a.Rails[0].GIDType = verbs.GIDTypeIB },
+		"more targets":       func(a *Tail) { a.MaxTargets = o.MaxTargets + 1 },
 	}
 	for name, mut := range answers {
 		a := answerV2(o)
 		a.Segments = append([]Segment(nil), a.Segments...)
 		mut(&a)
+		o := o
+		o.Rails = []Rail{rail()}
+		o.Rails[0].GIDType = verbs.GIDTypeRoCEv2
 		if _, err := DecodeAnswer(Encode(a), o, DefaultLimits); !errors.Is(err, ErrRefused) {
 			t.Errorf("answer %s: err %v", name, err)
 		}

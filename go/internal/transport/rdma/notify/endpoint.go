@@ -229,8 +229,10 @@ func (e *Endpoint) Info() dcp.Notify {
 }
 
 // Connect posts the receive buffers and connects the QP to the peer's notification QP
-// (remote) on the peer's rail (its GID, LID and MTU).
-func (e *Endpoint) Connect(remote dcp.Notify, rail dcp.Rail) error {
+// (remote) on the peer's rail (its GID, LID and MTU); path is the local source GID index,
+// hop limit and traffic class, those of the connection's data QP (its rail's GID is the one
+// the peer was told).
+func (e *Endpoint) Connect(remote dcp.Notify, rail dcp.Rail, path verbs.Path) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.state != stateIdle {
@@ -256,7 +258,7 @@ func (e *Endpoint) Connect(remote dcp.Notify, rail dcp.Rail) error {
 	e.posted = len(recvs)
 	steps := []verbs.QPAttr{
 		{State: verbs.QPRTR, PathMTU: min(local.MTU, peer.MTU), DestQPNum: peer.QPNum, RQPSN: peer.PSN,
-			RemoteGID: peer.GID, RemoteLID: peer.LID, PortNum: port.Num},
+			RemoteGID: peer.GID, RemoteLID: peer.LID, PortNum: port.Num, Path: path},
 		{State: verbs.QPRTS, SQPSN: local.PSN, Timeout: 14, RetryCount: 7, RNRRetry: 7},
 	}
 	for _, a := range steps {

@@ -60,10 +60,10 @@ func newSide(t testing.TB, p verbs.Provider, cfg HubConfig) *side {
 func connect(t testing.TB, a, b *Endpoint, sa, sb *side) {
 	t.Helper()
 	ia, ib := a.Info(), b.Info()
-	if err := a.Connect(ib, sb.rail); err != nil {
+	if err := a.Connect(ib, sb.rail, verbs.Path{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Connect(ia, sa.rail); err != nil {
+	if err := b.Connect(ia, sa.rail, verbs.Path{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -258,7 +258,7 @@ func TestSendReceive(t *testing.T) {
 		t.Fatalf("send before connect: %v", err)
 	}
 	connect(t, a, b, sa, sb)
-	if err := a.Connect(b.Info(), sb.rail); err == nil {
+	if err := a.Connect(b.Info(), sb.rail, verbs.Path{}); err == nil {
 		t.Fatal("second connect accepted")
 	}
 	sizes := []int{0, 1, 100, 4096, 65528 - 4}

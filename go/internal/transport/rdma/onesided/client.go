@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -60,7 +61,8 @@ type Client struct {
 	resp     verbs.MR
 	M        *Metrics
 	active   bool
-	gen      uint32 // this QP's generation: the high half of every wr_id it posts (fencing)
+	path     verbs.Path // source GID index, hop limit, traffic class (chooseGID)
+	gen      uint32     // this QP's generation: the high half of every wr_id it posts (fencing)
 	staleN   atomic.Int64
 	v1       bool   // DCP1: requests and replies by SEND/RECV
 	slotB    uint64 // slot bytes (v2: the lease's; v1: the receive buffers')
@@ -123,7 +125,13 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 		MaxSendWR: c.sqMax, MaxRecvWR: c.depth, MaxSendSGE: maxSGE, MaxRecvSGE: 1}); err != nil {
 		return nil, err
 	}
-	local := dcp.Rail{Device: c.ctx.Info().Name, Port: port.Num, LID: port.LID, GID: port.GID,
+	gid, err := chooseGID(c.ctx, port, boot, cfg.GID, nil)
+	if err != nil {
+		return nil, err
+	}
+	c.path = gid.Path(cfg.GID)
+	cfg.Logger.Debug("rdma: source GID", "device", c.ctx.Info().Name, "index", gid.Entry.Index, "gid", gid.Entry.GID, "type", gid.Entry.Type, "why", gid.Why)
+	local := dcp.Rail{Device: c.ctx.Info().Name, Port: port.Num, LID: port.LID, GID: gid.Entry.GID, GIDType: gid.Entry.Type,
 		QPNum: c.qp.Num(), PSN: rand.Uint32() & 0xffffff, MTU: port.MTU}
 	offer := dcp.Tail{Version: dcp.V2, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, MaxTargets: min(cfg.MaxTargets, maxTargetsInSlot), Rails: []dcp.Rail{local}}
 	if cfg.ForceV1 {
@@ -138,6 +146,9 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 		return nil, fmt.Errorf("onesided: read answer: %w", err)
 	}
 	if kind == frameRefusal {
+		if strings.HasPrefix(string(body), busyPrefix) {
+			return nil, fmt.Errorf("%w: %w: %s", ErrRefused, ErrBusy, body)
+		}
 		return nil, fmt.Errorf("%w: %s", ErrRefused, body)
 	}
 	ans, err := dcp.DecodeAnswer(body, offer, cfg.limits())
@@ -173,7 +184,7 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	for i := range recvs {
 		recvs[i] = verbs.RecvWR{ID: c.wrID(i), SGL: []verbs.SGE{verbs.SGEOf(c.resp, i*c.respB, c.respB)}}
 	}
-	if err := verbs.Connect(c.qp, port.Num, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, local.Endpoint(), ans.Rails[0].Endpoint()); err != nil {
+	if err := verbs.Connect(c.qp, port.Num, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, local.Endpoint(), ans.Rails[0].Endpoint(), c.path); err != nil {
 		return nil, err
 	}
 	if _, err := c.qp.PostRecv(recvs); err != nil {

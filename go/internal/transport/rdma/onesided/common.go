@@ -47,6 +47,9 @@ type Config struct {
 	AdhocMinBytes int
 	// Notify configures native notifications (notify.go, docs/RDMA.md "Notifications").
 	Notify NotifyConfig
+	// GID is the operator's part of each connection's source GID choice: an index
+	// override, the hop limit and the traffic class (gid.go, docs/RDMA.md §8).
+	GID verbs.GIDPolicy
 
 	// shared, set by NewRailServer, is the receive segment every rail's Server registers
 	// on its own PD instead of allocating one.
@@ -80,6 +83,9 @@ func (c *Config) defaults() {
 	}
 }
 
+// busyPrefix starts the reason of a refusal for capacity (ErrBusy).
+const busyPrefix = "busy: "
+
 // maxTargetsInSlot: the prefix and the targets share the request's first page.
 const maxTargetsInSlot = (dcp.SlotPayloadOffset - wire.RequestSize) / targetSize
 
@@ -93,6 +99,10 @@ func (c *Config) limits() dcp.Limits {
 var (
 	// ErrRefused: the server refused the bootstrap (its reason is in the message).
 	ErrRefused = errors.New("onesided: server refused RDMA")
+	// ErrBusy (with ErrRefused): the server refused for want of capacity right now (its
+	// receive segment is exhausted); another connection may succeed soon. On the wire a
+	// refusal whose reason starts with busyPrefix.
+	ErrBusy = errors.New("onesided: server busy")
 	// ErrBroken: the connection failed (completion error, protocol violation, timeout); it
 	// must be closed and its outstanding requests retried elsewhere or failed.
 	ErrBroken = errors.New("onesided: connection broken")

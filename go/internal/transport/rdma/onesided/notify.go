@@ -14,6 +14,7 @@ import (
 
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/notify"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 )
 
 // Native notifications on an RDMA connection (docs/RDMA.md, "Notifications"): the control
@@ -157,7 +158,7 @@ func (c *Client) answerNotify(ans dcp.Tail) error {
 		if ans.Notify == nil {
 			c.nep.Release()
 			c.nep = nil
-		} else if err := c.nep.Connect(*ans.Notify, ans.Rails[0]); err != nil {
+		} else if err := c.nep.Connect(*ans.Notify, ans.Rails[0], c.path); err != nil {
 			return err
 		}
 	}
@@ -226,7 +227,7 @@ type serverNotify struct {
 }
 
 // acceptNotify makes the server side of a connection's notifications and fills the answer.
-func (s *Server) acceptNotify(boot net.Conn, offer dcp.Tail, ans *dcp.Tail) (*serverNotify, error) {
+func (s *Server) acceptNotify(boot net.Conn, offer dcp.Tail, ans *dcp.Tail, path verbs.Path) (*serverNotify, error) {
 	sn := &serverNotify{bye: make(chan struct{})}
 	nc := s.cfg.Notify
 	handler := func(name string, body []byte) {
@@ -245,7 +246,7 @@ func (s *Server) acceptNotify(boot net.Conn, offer dcp.Tail, ans *dcp.Tail) (*se
 		ep, err := s.hub.Acquire(ec)
 		if err != nil {
 			s.cfg.Logger.Debug("rdma: no notification endpoint for a connection", "err", err)
-		} else if err := ep.Connect(*offer.Notify, offer.Rails[0]); err != nil {
+		} else if err := ep.Connect(*offer.Notify, offer.Rails[0], path); err != nil {
 			ep.Close()
 			return nil, err
 		} else {

@@ -275,7 +275,7 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 	defer c.close()
 	lease := uint64(c.depth) * c.slot
 	if c.leaseOff, err = s.seg.alloc(lease); err != nil {
-		return s.refuse(boot, err)
+		return s.refuse(boot, fmt.Errorf("%s%w", busyPrefix, err))
 	}
 	c.seg = s.segBuf.Bytes()[c.leaseOff : c.leaseOff+lease]
 	c.busy = make([]bool, c.depth)
@@ -300,8 +300,14 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 	if c.resp, err = s.pd.RegMR(c.respBuf.Bytes(), verbs.AccessLocalWrite); err != nil {
 		return s.refuse(boot, err)
 	}
+	gid, err := chooseGID(s.ctx, s.port, boot, cfg.GID, &offer.Rails[0])
+	if err != nil {
+		return s.refuse(boot, err)
+	}
+	path := gid.Path(cfg.GID)
 	local := s.rail(c.qp.Num(), rand.Uint32()&0xffffff)
-	if err := verbs.Connect(c.qp, s.port.Num, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, local.Endpoint(), offer.Rails[0].Endpoint()); err != nil {
+	local.GID, local.GIDType = gid.Entry.GID, gid.Entry.Type
+	if err := verbs.Connect(c.qp, s.port.Num, verbs.AccessRemoteWrite|verbs.AccessLocalWrite, local.Endpoint(), offer.Rails[0].Endpoint(), path); err != nil {
 		return s.refuse(boot, err)
 	}
 	recvs := make([]verbs.RecvWR, c.depth)
@@ -315,7 +321,7 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 		Rails: []dcp.Rail{local},
 		Segments: []dcp.Segment{{Addr: s.segMR.Addr() + c.leaseOff, RKey: s.segMR.RKey(), Length: lease,
 			SlotBytes: c.slot, Slots: uint32(c.depth)}}}
-	sn, err := s.acceptNotify(boot, offer, &ans)
+	sn, err := s.acceptNotify(boot, offer, &ans, path)
 	if err != nil {
 		return s.refuse(boot, err)
 	}

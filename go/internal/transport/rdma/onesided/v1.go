@@ -51,8 +51,14 @@ func (s *Server) serveV1(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 	if c.stage, err = s.pd.RegMR(c.stageBuf.Bytes(), verbs.AccessLocalWrite); err != nil {
 		return s.refuse(boot, err)
 	}
+	gid, err := chooseGID(s.ctx, s.port, boot, cfg.GID, &offer.Rails[0])
+	if err != nil {
+		return s.refuse(boot, err)
+	}
+	path := gid.Path(cfg.GID)
 	local := s.rail(c.qp.Num(), rand.Uint32()&0xffffff)
-	if err := verbs.Connect(c.qp, s.port.Num, verbs.AccessLocalWrite, local.Endpoint(), offer.Rails[0].Endpoint()); err != nil {
+	local.GID, local.GIDType = gid.Entry.GID, gid.Entry.Type
+	if err := verbs.Connect(c.qp, s.port.Num, verbs.AccessLocalWrite, local.Endpoint(), offer.Rails[0].Endpoint(), path); err != nil {
 		return s.refuse(boot, err)
 	}
 	recvs := make([]verbs.RecvWR, c.depth)
@@ -63,7 +69,7 @@ func (s *Server) serveV1(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 		return s.refuse(boot, err)
 	}
 	ans := dcp.Tail{Version: dcp.V1, MaxBlock: offer.MaxBlock, Depth: uint32(c.depth), Rails: []dcp.Rail{local}}
-	sn, err := s.acceptNotify(boot, offer, &ans)
+	sn, err := s.acceptNotify(boot, offer, &ans, path)
 	if err != nil {
 		return s.refuse(boot, err)
 	}

@@ -28,12 +28,13 @@ func CheckTransition(from, to QPState) error {
 }
 
 // Connect walks qp through INIT, RTR and RTS towards remote, allowing remote peers the
-// given access. local is this QP's own endpoint (its PSN starts the send sequence).
-func Connect(qp QP, port uint8, access Access, local, remote Endpoint) error {
+// given access. local is this QP's own endpoint (its PSN starts the send sequence); path
+// is its source GID index, hop limit and traffic class (ChooseGID).
+func Connect(qp QP, port uint8, access Access, local, remote Endpoint, path Path) error {
 	steps := []QPAttr{
 		{State: QPInit, PortNum: port, Access: access},
 		{State: QPRTR, PathMTU: min(local.MTU, remote.MTU), DestQPNum: remote.QPNum,
-			RQPSN: remote.PSN, RemoteGID: remote.GID, RemoteLID: remote.LID, PortNum: port},
+			RQPSN: remote.PSN, RemoteGID: remote.GID, RemoteLID: remote.LID, PortNum: port, Path: path},
 		{State: QPRTS, SQPSN: local.PSN, Timeout: 14, RetryCount: 7, RNRRetry: 7},
 	}
 	for _, a := range steps {

@@ -115,7 +115,8 @@ func (g GID) String() string {
 // unconfigured index).
 func (g GID) IsZero() bool { return g == GID{} }
 
-// PortInfo describes one port (ibv_query_port + ibv_query_gid index 0).
+// PortInfo describes one port (ibv_query_port + ibv_query_gid index 0; the whole GID
+// table is Context.GIDTable).
 type PortInfo struct {
 	Num       uint8 // 1-based, as in verbs
 	State     PortState
@@ -163,6 +164,9 @@ const (
 type Context interface {
 	Info() DeviceInfo
 	AllocPD() (PD, error)
+	// GIDTable returns the port's valid GID entries with their types (ChooseGID picks one
+	// per connection).
+	GIDTable(port uint8) ([]GIDEntry, error)
 	// CreateCQ creates a completion queue holding up to depth completions.
 	CreateCQ(depth int) (CQ, error)
 	Close() error
@@ -247,7 +251,8 @@ func (s QPState) String() string {
 // depends on the target state, as in ibv_modify_qp:
 //
 //	INIT: PortNum, Access (remote access the QP allows)
-//	RTR:  PathMTU, DestQPNum, RQPSN, Remote (GID, LID) — the peer's address
+//	RTR:  PathMTU, DestQPNum, RQPSN, Remote (GID, LID) — the peer's address — and Path
+//	      (the source GID index, hop limit and traffic class)
 //	RTS:  SQPSN, Timeout/RetryCount/RNRRetry
 //	ERR, RESET: nothing
 type QPAttr struct {
@@ -260,6 +265,7 @@ type QPAttr struct {
 	SQPSN      uint32
 	RemoteGID  GID
 	RemoteLID  uint16
+	Path       Path
 	Timeout    uint8 // 4.096 µs * 2^Timeout per transport retry; 0 means the provider default
 	RetryCount uint8
 	RNRRetry   uint8
@@ -268,12 +274,13 @@ type QPAttr struct {
 // Endpoint is what a QP's peer needs to connect to it (exchanged out of band, in dfkv over
 // the DCP tail).
 type Endpoint struct {
-	QPNum uint32
-	PSN   uint32
-	GID   GID
-	LID   uint16
-	Port  uint8
-	MTU   uint32
+	QPNum   uint32
+	PSN     uint32
+	GID     GID
+	GIDType GIDType
+	LID     uint16
+	Port    uint8
+	MTU     uint32
 }
 
 // QP is a reliable-connected queue pair.

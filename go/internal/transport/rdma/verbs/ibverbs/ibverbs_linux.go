@@ -12,6 +12,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -126,7 +127,8 @@ func devAt(l **C.struct_ibv_device, i int) *C.struct_ibv_device {
 	return *(**C.struct_ibv_device)(unsafe.Add(unsafe.Pointer(l), uintptr(i)*unsafe.Sizeof(*l)))
 }
 
-// Devices implements verbs.Provider: every device with its ports' state and GID index 0.
+// Devices implements verbs.Provider: every device with its ports' state and GID index 0
+// (a connection reads the whole table: devContext.GIDTable).
 func (p *Provider) Devices() ([]verbs.DeviceInfo, error) {
 	l, n, err := p.deviceList()
 	if err != nil {
@@ -181,18 +183,24 @@ func mtuEnum(b uint32) C.int {
 }
 
 func (p *Provider) query(c *C.struct_ibv_context, name string) (verbs.DeviceInfo, error) {
+	info, _, err := p.queryTables(c, name)
+	return info, err
+}
+
+// queryTables is query with each port's GID table length.
+func (p *Provider) queryTables(c *C.struct_ibv_context, name string) (info verbs.DeviceInfo, tblLen []int, err error) {
 	var da C.struct_ibv_device_attr
 	if rc := C.dfkv_ibv_query_device(c, &da); rc != 0 {
-		return verbs.DeviceInfo{}, fmt.Errorf("ibverbs: query %s: %s", name, errnoText(rc))
+		return verbs.DeviceInfo{}, nil, fmt.Errorf("ibverbs: query %s: %s", name, errnoText(rc))
 	}
-	info := verbs.DeviceInfo{
+	info = verbs.DeviceInfo{
 		Name: name, NUMANode: p.numaNode(name),
 		MaxQPWR: int(da.max_qp_wr), MaxSGE: int(da.max_sge), MaxCQE: int(da.max_cqe), MaxMRLen: uint64(da.max_mr_size),
 	}
 	for port := 1; port <= int(da.phys_port_cnt); port++ {
 		var pa C.struct_ibv_port_attr
 		if rc := C.dfkv_ibv_query_port(c, C.uint8_t(port), &pa); rc != 0 {
-			return verbs.DeviceInfo{}, fmt.Errorf("ibverbs: query %s port %d: %s", name, port, errnoText(rc))
+			return verbs.DeviceInfo{}, nil, fmt.Errorf("ibverbs: query %s port %d: %s", name, port, errnoText(rc))
 		}
 		pi := verbs.PortInfo{
 			Num: uint8(port), State: verbs.PortState(pa.state), PhysState: verbs.PhysState(pa.phys_state),
@@ -208,8 +216,9 @@ func (p *Provider) query(c *C.struct_ibv_context, name string) (verbs.DeviceInfo
 			}
 		}
 		info.Ports = append(info.Ports, pi)
+		tblLen = append(tblLen, int(pa.gid_tbl_len))
 	}
-	return info, nil
+	return info, tblLen, nil
 }
 
 // Open implements verbs.Provider.
@@ -229,22 +238,62 @@ func (p *Provider) Open(name string) (verbs.Context, error) {
 		if c == nil {
 			return nil, fmt.Errorf("ibverbs: open %s: %s", name, errnoText(e))
 		}
-		info, err := p.query(c, name)
+		info, tbl, err := p.queryTables(c, name)
 		if err != nil {
 			C.dfkv_ibv_close_device(c)
 			return nil, err
 		}
-		return &devContext{c: c, info: info}, nil
+		return &devContext{c: c, info: info, gidTblLen: tbl, sysClass: p.opt.SysClass}, nil
 	}
 	return nil, fmt.Errorf("%w: ibverbs: no device named %q", verbs.ErrNoDevice, name)
 }
 
 type devContext struct {
-	c    *C.struct_ibv_context
-	info verbs.DeviceInfo
+	c         *C.struct_ibv_context
+	info      verbs.DeviceInfo
+	gidTblLen []int // per port (index port-1): ibv_port_attr.gid_tbl_len
+	sysClass  string
 }
 
 func (d *devContext) Info() verbs.DeviceInfo { return d.info }
+
+// GIDTable implements verbs.Context: ibv_query_gid_table (one call, types included) where
+// the library has it, else sysfs. Read per connection: addresses come and go at run time.
+func (d *devContext) GIDTable(port uint8) ([]verbs.GIDEntry, error) {
+	if port == 0 || int(port) > len(d.gidTblLen) {
+		return nil, fmt.Errorf("%w: %s has no port %d", verbs.ErrInvalid, d.info.Name, port)
+	}
+	total := 0
+	for _, n := range d.gidTblLen {
+		total += n
+	}
+	total = min(max(total, 1), 1<<16)
+	buf := make([]C.struct_dfkv_gid, total)
+	n := int(C.dfkv_ibv_query_gid_table(d.c, &buf[0], C.long(total)))
+	if n == -int(syscall.ENOSYS) {
+		return sysfsGIDTable(d.sysClass, d.info.Name, port, d.gidTblLen[port-1])
+	}
+	if n < 0 {
+		return nil, fmt.Errorf("ibverbs: query_gid_table on %s: %s", d.info.Name, errnoText(C.int(-n)))
+	}
+	var out []verbs.GIDEntry
+	for _, e := range buf[:n] {
+		if uint8(e.port) != port {
+			continue
+		}
+		g := verbs.GIDEntry{Index: int(e.index), Type: gidTypeOf(uint32(e._type))}
+		for j := range g.GID {
+			g.GID[j] = byte(e.gid[j])
+		}
+		if e.ifindex != 0 {
+			if ifc, err := net.InterfaceByIndex(int(e.ifindex)); err == nil {
+				g.NetDev = ifc.Name
+			}
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
 
 func (d *devContext) AllocPD() (verbs.PD, error) {
 	var e C.int
@@ -293,11 +342,7 @@ func (p *protDomain) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 	var e C.int
 	m := C.dfkv_ibv_reg_mr(p.pd, C.uintptr_t(addr), C.size_t(len(buf)), C.int(access), &e)
 	if m == nil {
-		hint := ""
-		if syscall.Errno(e) == syscall.ENOMEM {
-			hint = " (check the memlock limit: ulimit -l)"
-		}
-		return nil, fmt.Errorf("ibverbs: reg_mr %d bytes: %s%s", len(buf), errnoText(e), hint)
+		return nil, regMRError(len(buf), syscall.Errno(e), verbs.Memlock())
 	}
 	return &memRegion{mr: m, buf: buf, access: access}, nil
 }
@@ -491,8 +536,13 @@ func (q *queuePair) Modify(a verbs.QPAttr) error {
 		if !a.RemoteGID.IsZero() {
 			global = 1 // RoCE always, InfiniBand across subnets
 		}
+		hop := a.Path.HopLimit
+		if hop == 0 {
+			hop = verbs.DefaultHopLimit
+		}
 		rc = C.dfkv_ibv_modify_rtr(q.qp, C.uint8_t(q.port), mtuEnum(a.PathMTU), C.uint32_t(a.DestQPNum),
-			C.uint32_t(a.RQPSN&0xffffff), &gid[0], C.uint16_t(a.RemoteLID), global)
+			C.uint32_t(a.RQPSN&0xffffff), &gid[0], C.uint16_t(a.RemoteLID), global,
+			C.uint8_t(a.Path.SGIDIndex), C.uint8_t(hop), C.uint8_t(a.Path.TrafficClass))
 	case verbs.QPRTS:
 		rc = C.dfkv_ibv_modify_rts(q.qp, C.uint32_t(a.SQPSN&0xffffff), C.uint8_t(a.Timeout), C.uint8_t(a.RetryCount), C.uint8_t(a.RNRRetry))
 	default:
@@ -565,4 +615,46 @@ func (q *queuePair) Close() error {
 		return fmt.Errorf("ibverbs: destroy_qp: %s", errnoText(rc))
 	}
 	return nil
+}
+
+// abiValue is one size or offset of the verbs ABI (abi_fields.h).
+type abiValue struct {
+	name       string
+	ours, real uint64
+	enum       bool
+}
+
+// abiLayout pairs verbs_abi.h's sizes, offsets and enum values with those of rdma-core's
+// installed header; ok is false where the header is not installed.
+func abiLayout() (vals []abiValue, ok bool) {
+	var ours, real [256]C.size_t
+	no := int(C.dfkv_abi_ours(&ours[0], C.size_t(len(ours))))
+	nr := int(C.dfkv_abi_real(&real[0], C.size_t(len(real))))
+	if nr == 0 {
+		return nil, false
+	}
+	for i := range max(no, nr) {
+		v := abiValue{name: C.GoString(C.dfkv_abi_name(C.size_t(i)))}
+		if i < no {
+			v.ours = uint64(ours[i])
+		}
+		if i < nr {
+			v.real = uint64(real[i])
+		}
+		vals = append(vals, v)
+	}
+	var oe, re [64]C.long
+	ne := int(C.dfkv_abi_our_enums(&oe[0], C.size_t(len(oe))))
+	nre := int(C.dfkv_abi_real_enums(&re[0], C.size_t(len(re))))
+	for i := range max(ne, nre) {
+		v := abiValue{name: fmt.Sprintf("enum value %d", i), enum: true}
+		if i < ne {
+			v.ours = uint64(oe[i])
+		}
+		if i < nre {
+			v.real = uint64(re[i])
+		}
+		vals = append(vals, v)
+	}
+	return vals, true
 }

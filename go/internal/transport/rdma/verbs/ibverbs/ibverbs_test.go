@@ -157,13 +157,25 @@ func loopback(t *testing.T, p verbs.Provider, name string, port verbs.PortInfo) 
 	a, b := mk(), mk()
 	defer a.Close()
 	defer b.Close()
-	ea := verbs.Endpoint{QPNum: a.Num(), PSN: 11, GID: port.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
-	eb := verbs.Endpoint{QPNum: b.Num(), PSN: 22, GID: port.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
-	acc := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
-	if err := verbs.Connect(a, port.Num, acc, ea, eb); err != nil {
+	// Both QPs are on this host: the selection takes a link-local GID (ChooseGID rule 4),
+	// read from the port's real table.
+	table, err := ctx.GIDTable(port.Num)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := verbs.Connect(b, port.Num, acc, eb, ea); err != nil {
+	pick, err := verbs.ChooseGID(verbs.GIDQuery{LinkLayer: port.LinkLayer, Table: table, PeerLocal: true}, verbs.GIDPolicy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("GID table %v; chose %+v", table, pick)
+	ea := verbs.Endpoint{QPNum: a.Num(), PSN: 11, GID: pick.Entry.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
+	eb := verbs.Endpoint{QPNum: b.Num(), PSN: 22, GID: pick.Entry.GID, LID: port.LID, Port: port.Num, MTU: port.MTU}
+	acc := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+	path := pick.Path(verbs.GIDPolicy{})
+	if err := verbs.Connect(a, port.Num, acc, ea, eb, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := verbs.Connect(b, port.Num, acc, eb, ea, path); err != nil {
 		t.Fatal(err)
 	}
 	sb, _ := verbs.AllocBuffer(1 << 20)
@@ -207,5 +219,23 @@ func loopback(t *testing.T, p verbs.Provider, name string, port verbs.PortInfo) 
 	}
 	if crc32.ChecksumIEEE(db.Bytes()) != crc32.ChecksumIEEE(sb.Bytes()) {
 		t.Fatal("loopback WRITE placed wrong bytes")
+	}
+}
+
+// TestABILayout checks verbs_abi.h (the provider's own declarations, so that building needs
+// no rdma-core headers) against rdma-core's <infiniband/verbs.h> wherever that is installed:
+// every size, offset and enum value the shim relies on must agree.
+func TestABILayout(t *testing.T) {
+	vals, ok := abiLayout()
+	if !ok {
+		t.Skip("rdma-core headers (infiniband/verbs.h) not installed: nothing to compare verbs_abi.h with")
+	}
+	for _, v := range vals {
+		if v.ours != v.real {
+			t.Errorf("%s: verbs_abi.h %d, rdma-core's header %d", v.name, v.ours, v.real)
+		}
+	}
+	if !t.Failed() {
+		t.Logf("%d sizes, offsets and enum values agree with rdma-core's header", len(vals))
 	}
 }

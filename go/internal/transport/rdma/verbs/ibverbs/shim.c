@@ -1,6 +1,7 @@
 //go:build linux && cgo
 
 #include "shim.h"
+#include "abi_fields.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -35,6 +36,8 @@ struct fns {
 	struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
 	int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
 	int (*destroy_qp)(struct ibv_qp *);
+	// Optional (NULL when the library lacks it): rdma-core >= 29.
+	ssize_t (*query_gid_table)(struct ibv_context *, struct ibv_gid_entry *, size_t, uint32_t, size_t);
 };
 static struct fns fn;
 
@@ -73,6 +76,7 @@ static int resolve_all(void *h, const char *path, struct fns *t, char *err, size
 	RESOLVE(create_qp, "ibv_create_qp");
 	RESOLVE(modify_qp, "ibv_modify_qp");
 	RESOLVE(destroy_qp, "ibv_destroy_qp");
+	*(void **)(&t->query_gid_table) = dlsym(h, "_ibv_query_gid_table");
 	return 0;
 }
 
@@ -141,6 +145,32 @@ int dfkv_ibv_query_gid(struct ibv_context *c, uint8_t port, int index, uint8_t g
 	if (rc == 0)
 		memcpy(gid, g.raw, 16);
 	return rc;
+}
+
+long dfkv_ibv_query_gid_table(struct ibv_context *c, struct dfkv_gid *out, long max) {
+	if (!fn.query_gid_table)
+		return -ENOSYS;
+	if (max <= 0)
+		return 0;
+	struct ibv_gid_entry *e = calloc((size_t)max, sizeof *e);
+	if (!e)
+		return -ENOMEM;
+	errno = 0;
+	ssize_t n = fn.query_gid_table(c, e, (size_t)max, 0, sizeof *e);
+	if (n < 0) {
+		int err = errno ? errno : (int)-n;
+		free(e);
+		return -(long)err;
+	}
+	for (ssize_t i = 0; i < n; i++) {
+		memcpy(out[i].gid, e[i].gid.raw, 16);
+		out[i].index = e[i].gid_index;
+		out[i].port = e[i].port_num;
+		out[i].type = e[i].gid_type;
+		out[i].ifindex = e[i].ndev_ifindex;
+	}
+	free(e);
+	return (long)n;
 }
 
 struct ibv_pd *dfkv_ibv_alloc_pd(struct ibv_context *c, int *err) {
@@ -230,7 +260,8 @@ int dfkv_ibv_modify_init(struct ibv_qp *qp, uint8_t port, int access) {
 }
 
 int dfkv_ibv_modify_rtr(struct ibv_qp *qp, uint8_t port, int mtu, uint32_t dest_qpn, uint32_t rq_psn,
-                        const uint8_t gid[16], uint16_t lid, int global) {
+                        const uint8_t gid[16], uint16_t lid, int global, uint8_t sgid_index,
+                        uint8_t hop_limit, uint8_t traffic_class) {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTR;
@@ -244,8 +275,9 @@ int dfkv_ibv_modify_rtr(struct ibv_qp *qp, uint8_t port, int mtu, uint32_t dest_
 	if (global) {
 		a.ah_attr.is_global = 1;
 		memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
-		a.ah_attr.grh.hop_limit = 1;
-		a.ah_attr.grh.sgid_index = 0;
+		a.ah_attr.grh.hop_limit = hop_limit;
+		a.ah_attr.grh.sgid_index = sgid_index;
+		a.ah_attr.grh.traffic_class = traffic_class;
 	}
 	return fn.modify_qp(qp, &a,
 			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -335,4 +367,38 @@ int dfkv_ibv_poll_cq(struct ibv_cq *cq, int n, struct dfkv_wc *out) {
 		out[i].qp_num = wc[i].qp_num;
 	}
 	return got;
+}
+
+#define S(t) sizeof(struct t),
+#define O(t, f) offsetof(struct t, f),
+static const size_t our_vals[] = {DFKV_ABI_FIELDS(S, O)};
+#undef S
+#undef O
+
+#define S(t) "sizeof " #t,
+#define O(t, f) #t "." #f,
+static const char *const abi_names[] = {DFKV_ABI_FIELDS(S, O)};
+#undef S
+#undef O
+
+const char *dfkv_abi_name(size_t i) { return i < sizeof abi_names / sizeof abi_names[0] ? abi_names[i] : "?"; }
+
+size_t dfkv_abi_ours(size_t *out, size_t max) {
+	size_t n = sizeof our_vals / sizeof our_vals[0];
+	for (size_t i = 0; i < n && i < max; i++)
+		out[i] = our_vals[i];
+	return n;
+}
+
+size_t dfkv_abi_our_enums(long *out, size_t max) {
+	const long v[] = {IBV_MTU_256, IBV_MTU_4096, IBV_PORT_ACTIVE, IBV_LINK_LAYER_ETHERNET, IBV_QPT_RC,
+			  IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_ERR, IBV_QP_STATE, IBV_QP_ACCESS_FLAGS,
+			  IBV_QP_PKEY_INDEX, IBV_QP_PORT, IBV_QP_AV, IBV_QP_PATH_MTU, IBV_QP_TIMEOUT,
+			  IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY, IBV_QP_RQ_PSN, IBV_QP_MAX_QP_RD_ATOMIC,
+			  IBV_QP_MIN_RNR_TIMER, IBV_QP_SQ_PSN, IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QP_DEST_QPN,
+			  IBV_WC_WITH_IMM, DFKV_IBV_GID_TYPE_ROCE_V2};
+	size_t n = sizeof v / sizeof v[0];
+	for (size_t i = 0; i < n && i < max; i++)
+		out[i] = v[i];
+	return n;
 }

@@ -97,7 +97,7 @@ func helperMain(in io.Reader, out io.Writer) error {
 	if err := json.Unmarshal(sc.Bytes(), &peer); err != nil {
 		return err
 	}
-	if err := verbs.Connect(q, 1, allRemote, ep, peer); err != nil {
+	if err := verbs.Connect(q, 1, allRemote, ep, peer, verbs.Path{}); err != nil {
 		return err
 	}
 	go func() { // report every receive completion
@@ -232,7 +232,7 @@ func crossPair(t *testing.T) (*node, *helper) {
 	}
 	a := newNode(t, p, "soft0", nodeCfg{sendWR: 256})
 	h := startHelper(t, a.ep)
-	if err := verbs.Connect(a.qp, 1, allRemote, a.ep, h.hello.EP); err != nil {
+	if err := verbs.Connect(a.qp, 1, allRemote, a.ep, h.hello.EP, verbs.Path{}); err != nil {
 		t.Fatal(err)
 	}
 	return a, h

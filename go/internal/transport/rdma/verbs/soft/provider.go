@@ -366,6 +366,16 @@ type devContext struct {
 
 func (c *devContext) Info() verbs.DeviceInfo { return c.d.info() }
 
+// GIDTable implements verbs.Context: a soft port has one GID, its link-local RoCE v2 entry
+// at index 0 (the only address its socket answers on), so the same selection code runs
+// over it as over hardware.
+func (c *devContext) GIDTable(port uint8) ([]verbs.GIDEntry, error) {
+	if port != portNum {
+		return nil, fmt.Errorf("%w: port %d (soft devices have port %d)", verbs.ErrInvalid, port, portNum)
+	}
+	return []verbs.GIDEntry{{Index: 0, GID: c.d.gid, Type: verbs.GIDTypeRoCEv2}}, nil
+}
+
 func (c *devContext) AllocPD() (verbs.PD, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -88,6 +88,10 @@ func (q *qp) Modify(a verbs.QPAttr) error {
 			q.mu.Unlock()
 			return fmt.Errorf("%w: RTR needs a remote GID and QP number", verbs.ErrInvalid)
 		}
+		if a.Path.SGIDIndex != 0 { // the table has index 0 only (GIDTable)
+			q.mu.Unlock()
+			return fmt.Errorf("%w: source gid index %d is not in the port's GID table (valid: 0)", verbs.ErrInvalid, a.Path.SGIDIndex)
+		}
 		q.remoteGID, q.remoteQPN, q.rqpsn = a.RemoteGID, a.DestQPNum, a.RQPSN&psnMask
 	case verbs.QPRTS:
 		if q.state == verbs.QPRTR {

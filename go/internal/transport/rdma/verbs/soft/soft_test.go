@@ -72,10 +72,10 @@ const allRemote = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.Acces
 
 func connectPair(t testing.TB, a, b *node) {
 	t.Helper()
-	if err := verbs.Connect(a.qp, 1, allRemote, a.ep, b.ep); err != nil {
+	if err := verbs.Connect(a.qp, 1, allRemote, a.ep, b.ep, verbs.Path{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := verbs.Connect(b.qp, 1, allRemote, b.ep, a.ep); err != nil {
+	if err := verbs.Connect(b.qp, 1, allRemote, b.ep, a.ep, verbs.Path{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -340,10 +340,10 @@ func TestQPAccessFlags(t *testing.T) {
 	}
 	a := newNode(t, p, "soft0", nodeCfg{})
 	b := newNode(t, p, "soft1", nodeCfg{})
-	if err := verbs.Connect(a.qp, 1, allRemote, a.ep, b.ep); err != nil {
+	if err := verbs.Connect(a.qp, 1, allRemote, a.ep, b.ep, verbs.Path{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := verbs.Connect(b.qp, 1, verbs.AccessLocalWrite|verbs.AccessRemoteRead, b.ep, a.ep); err != nil {
+	if err := verbs.Connect(b.qp, 1, verbs.AccessLocalWrite|verbs.AccessRemoteRead, b.ep, a.ep, verbs.Path{}); err != nil {
 		t.Fatal(err)
 	}
 	src := a.reg(64, verbs.AccessLocalWrite)
