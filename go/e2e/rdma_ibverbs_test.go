@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,5 +155,49 @@ func TestRDMAIbverbsPortDown(t *testing.T) {
 	})
 	if r := clientRail(t, c, "dfkv_rdma_client_rail_recoveries_total", devs[0]); r < 1 {
 		t.Fatalf("%s back in use with %v recoveries counted", devs[0], r)
+	}
+}
+
+// A server whose RLIMIT_MEMLOCK (ulimit -l 64, CAP_IPC_LOCK dropped: root would bypass the
+// limit) cannot pin its receive segment says so in one line naming the limit and the size:
+// with --rdma-dev it refuses to start, without it serves TCP only.
+func TestRDMAIbverbsMemlock(t *testing.T) {
+	if rdmaProvider != "ibverbs" || rdmaDev == "" || os.Geteuid() != 0 {
+		t.Skipf("needs ibverbs on a device (DFKV_TEST_RDMA_DEV) and root; provider under test is %s", rdmaProvider)
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skipf("needs setpriv (util-linux) to drop CAP_IPC_LOCK: %v", err)
+	}
+	// A dfkv_server that runs under the small limit without CAP_IPC_LOCK.
+	wrapped := t.TempDir()
+	script := "#!/bin/sh\nulimit -l 64 || exit 97\nexec " + setpriv + " --bounding-set -ipc_lock --inh-caps -ipc_lock " +
+		filepath.Join(binDir, "dfkv_server") + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(wrapped, "dfkv_server"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const want = "RLIMIT_MEMLOCK is 64 KiB (ulimit -l 64)"
+
+	dir := t.TempDir()
+	out, err := exec.Command(filepath.Join(wrapped, "dfkv_server"), "--host", "127.0.0.1", "--port", "0",
+		"--dir", filepath.Join(dir, "d"), "--store-engine", "mem", "--cap", "64MiB", "--rdma", "--rdma-provider", "ibverbs",
+		"--rdma-dev", rdmaDev, "--rdma-segment", "16MiB").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 97 || ee.ExitCode() == 0 {
+		t.Fatalf("dfkv_server --rdma-dev %s under ulimit -l 64: err %v\n%s", rdmaDev, err, out)
+	}
+	if !strings.Contains(string(out), want) || !strings.Contains(string(out), "16 MiB") || !strings.Contains(string(out), "--rdma-dev") {
+		t.Fatalf("the refusal does not name the limit and the size:\n%s", out)
+	}
+
+	real := binDir
+	binDir = wrapped
+	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "ibverbs", "--rdma-segment", "16MiB", "--log-level", "info")
+	binDir = real
+	if _, st := rdmaBootstrap(t, s.addr); st != fb.StatusInvalid {
+		t.Fatalf("bootstrap of a server that cannot pin its segment: %s", st)
+	}
+	if l := s.log.String(); !strings.Contains(l, "rdma not in use") || !strings.Contains(l, want) {
+		t.Fatalf("want one line saying RDMA is off for the memlock limit:\n%s", l)
 	}
 }

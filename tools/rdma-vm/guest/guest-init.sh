@@ -7,6 +7,8 @@ t=$(cat $d/timeout)
 set --
 while IFS= read -r a; do set -- "$@" "$a"; done <$d/args
 echo "dfkv-vm: guest: $(nproc) CPUs, $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) MiB; running the script (deadline $t s)"
+# The tests' data directories live in /tmp (RAM): let it use most of the guest's memory.
+mount -o remount,size=75% /tmp
 cd /tmp
 timeout -k 10 "$t" sh $d/script "$@"
 rc=$?

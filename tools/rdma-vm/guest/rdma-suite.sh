@@ -51,10 +51,11 @@ suite() {
   fi
   [ "$p" = 0 ] && [ $rc = 0 ] && { say "suite $name ran no test"; status=1; }
   echo "$name passed $p failed $f skipped $s seconds $(($(date +%s) - t0))" >>/out/counts
+  rm -rf /tmp/Test* # a killed test leaves its data (in RAM) behind
 }
 
 ulimit -l unlimited
-export DFKV_BIN_DIR=$bin DFKV_TEST_RDMA_PROVIDER=ibverbs DFKV_TEST_TIME_SCALE=${DFKV_TEST_TIME_SCALE:-4}
+export DFKV_BIN_DIR=$bin DFKV_TEST_RDMA_PROVIDER=ibverbs DFKV_TEST_FABRIC_SCALE=${DFKV_TEST_FABRIC_SCALE:-4}
 export DFKV_TEST_RDMA_DEV=rxe0 DFKV_TEST_RDMA_DEVS=rxe0,rxe1 DFKV_SOFTROCE=0 DFKV_TEST_CABI_DIR=$bin
 cd /tmp
 . /host/.dfkv-vm/fabrics.sh
@@ -85,6 +86,7 @@ if [ $rc != 0 ] || [ "$p" = 0 ]; then
   status=1
 fi
 echo "python passed $p failed $f skipped $sk seconds $(($(date +%s) - t0))" >>/out/counts
+rm -rf /tmp/pytest-of-*
 fi
 
 # dfkv_bench over RDMA prints its table (a smoke run: the numbers under emulation mean nothing).
