@@ -19,6 +19,8 @@ from conftest import SERVER_BIN, missing_build, run_python
 # The provider under test: the soft NIC by default, ibverbs on a real verbs stack (the
 # Soft-RoCE guest, tools/rdma-vm, sets DFKV_TEST_RDMA_PROVIDER=ibverbs).
 PROVIDER = os.environ.get("DFKV_TEST_RDMA_PROVIDER", "soft")
+# Deadlines stretch on a slow fabric (Soft-RoCE under emulation), as in the Go e2e tests.
+FABRIC_SCALE = int(os.environ.get("DFKV_TEST_FABRIC_SCALE", "1"))
 
 
 def _free_port() -> int:
@@ -43,7 +45,7 @@ def rdma_server(tmp_path_factory):
         stdout=log, stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 15 * FABRIC_SCALE
         addr = ""
         while time.monotonic() < deadline and proc.poll() is None:
             if addr_file.is_file() and addr_file.read_text().strip():
