@@ -55,7 +55,7 @@ suite() {
 }
 
 ulimit -l unlimited
-export DFKV_BIN_DIR=$bin DFKV_TEST_RDMA_PROVIDER=ibverbs DFKV_TEST_FABRIC_SCALE=${DFKV_TEST_FABRIC_SCALE:-4}
+export DFKV_BIN_DIR=$bin DFKV_TEST_RDMA_PROVIDER=ibverbs DFKV_TEST_FABRIC_SCALE=${DFKV_TEST_FABRIC_SCALE:-10}
 export DFKV_TEST_RDMA_DEV=rxe0 DFKV_TEST_RDMA_DEVS=rxe0,rxe1 DFKV_SOFTROCE=0 DFKV_TEST_CABI_DIR=$bin
 cd /tmp
 . /host/.dfkv-vm/fabrics.sh
