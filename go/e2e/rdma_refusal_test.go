@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,5 +74,56 @@ func TestRDMARefusalBackoff(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A successful bootstrap resets the backoff: a server that refused, then came back with
+// RDMA, then lost it again is held off for the base period again, not twice the last one.
+func TestRDMARefusalBackoffResetsOnSuccess(t *testing.T) {
+	const base = 2 * time.Second
+	port := strconv.Itoa(freePort(t))
+	s := startServer(t, t.TempDir(), "--port", port)
+	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("reset"), Cooldown: 50 * time.Millisecond,
+		IOTimeout: fabricTimeout(10 * time.Second),
+		RDMA:      &client.RDMAOptions{Provider: "soft", RefusalBackoff: base, RefusalBackoffMax: 4 * base}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	put := func() error { return c.Put(context.Background(), []byte("k"), []byte("v")) }
+	if err := put(); err != nil || s.requests(fb.OpRdmaBootstrap) != 1 {
+		t.Fatalf("first put: %v, %v bootstraps", err, s.requests(fb.OpRdmaBootstrap))
+	}
+	restart := func(args ...string) {
+		s.kill()
+		s.args = append([]string{"--port", port}, args...)
+		s.start()
+	}
+	restart("--rdma", "--rdma-provider", "soft")
+	time.Sleep(base + 200*time.Millisecond)
+	if err := put(); err != nil || c.TransportMode() != "rdma" {
+		t.Fatalf("after the backoff, against a server with RDMA: %v, mode %s", err, c.TransportMode())
+	}
+	restart()
+	// The pooled RDMA connection is dead: an op may fail on it; the next dial is refused.
+	var refusedAt time.Time
+	for i := 0; i < 20 && s.requests(fb.OpRdmaBootstrap) == 0; i++ {
+		put()
+		refusedAt = time.Now()
+		time.Sleep(60 * time.Millisecond)
+	}
+	if n := s.requests(fb.OpRdmaBootstrap); n != 1 {
+		t.Fatalf("%v bootstraps against the server without RDMA, want 1", n)
+	}
+	time.Sleep(time.Until(refusedAt.Add(base + 300*time.Millisecond)))
+	if err := put(); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.requests(fb.OpRdmaBootstrap); n != 2 {
+		t.Fatalf("%v bootstraps %v after the refusal that followed a success, want 2 (backoff back at its base)", n, base)
 	}
 }

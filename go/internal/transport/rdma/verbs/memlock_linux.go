@@ -19,7 +19,12 @@ func Memlock() MemlockLimit {
 		return MemlockLimit{}
 	}
 	l := MemlockLimit{Cur: r.Cur, Unlimited: r.Cur == unix.RLIM_INFINITY, Known: true}
-	if f, err := os.Open("/proc/self/status"); err == nil {
+	// Capabilities are per thread: the calling thread's (the one about to register).
+	f, err := os.Open("/proc/thread-self/status")
+	if err != nil {
+		f, err = os.Open("/proc/self/status")
+	}
+	if err == nil {
 		defer f.Close()
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {

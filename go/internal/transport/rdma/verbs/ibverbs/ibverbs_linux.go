@@ -270,11 +270,12 @@ func (d *devContext) GIDTable(port uint8) ([]verbs.GIDEntry, error) {
 	total = min(max(total, 1), 1<<16)
 	buf := make([]C.struct_dfkv_gid, total)
 	n := int(C.dfkv_ibv_query_gid_table(d.c, &buf[0], C.long(total)))
-	if n == -int(syscall.ENOSYS) {
-		return sysfsGIDTable(d.sysClass, d.info.Name, port, d.gidTblLen[port-1])
-	}
-	if n < 0 {
-		return nil, fmt.Errorf("ibverbs: query_gid_table on %s: %s", d.info.Name, errnoText(C.int(-n)))
+	if n < 0 { // ENOSYS: a library before rdma-core 29; else a kernel without the ioctl
+		t, err := sysfsGIDTable(d.sysClass, d.info.Name, port, d.gidTblLen[port-1])
+		if err != nil {
+			return nil, fmt.Errorf("ibverbs: query_gid_table on %s: %s; %w", d.info.Name, errnoText(C.int(-n)), err)
+		}
+		return t, nil
 	}
 	var out []verbs.GIDEntry
 	for _, e := range buf[:n] {

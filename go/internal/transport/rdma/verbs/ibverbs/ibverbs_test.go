@@ -9,9 +9,12 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 )
@@ -238,4 +241,66 @@ func TestABILayout(t *testing.T) {
 	if !t.Failed() {
 		t.Logf("%d sizes, offsets and enum values agree with rdma-core's header", len(vals))
 	}
+}
+
+// TestRegMRUnderMemlock registers more than a lowered RLIMIT_MEMLOCK holds on a real device
+// and expects the one-line memlock reason (verbs.ErrMemlock). Root's CAP_IPC_LOCK would
+// lift the limit, so the test drops it from this thread's effective set for the duration
+// (capabilities are per thread; the goroutine is locked to it) and restores both after.
+func TestRegMRUnderMemlock(t *testing.T) {
+	p := New(Options{})
+	devs, err := p.Devices()
+	if err != nil || len(devs) == 0 {
+		t.Skipf("no RDMA device here: %v", err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var caps [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &caps[0]); err != nil {
+		t.Fatal(err)
+	}
+	const ipcLock = 1 << unix.CAP_IPC_LOCK
+	if caps[0].Effective&ipcLock != 0 {
+		saved := caps
+		caps[0].Effective &^= ipcLock
+		if err := unix.Capset(&hdr, &caps[0]); err != nil {
+			t.Fatalf("drop CAP_IPC_LOCK: %v", err)
+		}
+		defer unix.Capset(&hdr, &saved[0])
+	}
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := unix.Rlimit{Cur: 64 << 10, Max: old.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &low); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_MEMLOCK, &old)
+	ctx, err := p.Open(devs[0].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Close()
+	pd, err := ctx.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	buf, err := verbs.AllocBuffer(16 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	mr, err := pd.RegMR(buf.Bytes(), verbs.AccessLocalWrite)
+	if err == nil {
+		mr.Close()
+		t.Fatal("registered 16 MiB under a 64 KiB memlock limit without CAP_IPC_LOCK")
+	}
+	oneLine(t, err)
+	if !errors.Is(err, verbs.ErrMemlock) || !strings.Contains(err.Error(), "ulimit -l 64") {
+		t.Fatalf("reason does not name the limit: %v", err)
+	}
+	t.Logf("reported: %v", err)
 }

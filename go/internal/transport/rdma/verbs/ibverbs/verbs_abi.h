@@ -1,7 +1,7 @@
 // The libibverbs ABI this provider uses, declared here so that building needs no
 // rdma-core headers (libibverbs-dev): the library is dlopen'ed at run time, and its ABI is
-// stable (libibverbs.so.1, IBVERBS_1.1; rdma-core keeps these layouts append-only since
-// v13; NCCL ships its own declarations for the same reason). Only what shim.c uses is
+// stable (libibverbs.so.1 with the IBVERBS_1.1 symbol versions; rdma-core only appends to
+// these structs; NCCL ships its own declarations for the same reason). Only what shim.c uses is
 // declared. Layouts follow rdma-core's <infiniband/verbs.h> (checked here against
 // rdma-core 44, Debian bookworm); abicheck.c compares every size and offset below with
 // the real header wherever it is installed (TestABILayout).
