@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	if addr := os.Getenv(rdmaChildEnv); addr != "" {
+		return rdmaChild(addr) // this process is a client a test will SIGKILL
+	}
 	binDir = os.Getenv("DFKV_BIN_DIR")
 	if binDir == "" {
 		dir, err := os.MkdirTemp("", "dfkv-e2e-bin")
@@ -92,7 +95,8 @@ func (s *serverProc) start() {
 	}
 	s.exited = make(chan error, 1)
 	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(s.cmd, s.exited)
-	deadline := time.Now().Add(30 * time.Second)
+	// A server registering a large receive segment on Soft-RoCE under emulation takes long.
+	deadline := time.Now().Add(fabricTimeout(30 * time.Second))
 	for {
 		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
 			s.addr = strings.TrimSpace(string(b))

@@ -39,7 +39,7 @@ func (s *serverProc) requests(op fb.Op) float64 {
 // Batch, scatter-gather and range calls of the Go client over RDMA v2 against the real
 // dfkv_server (soft provider): 1 B – 64 MiB byte-exact, windows of requests on one
 // connection with replies in order, no batch frame over TCP, v2 and MR counters moving.
-func TestRDMABatchSGRange(t *testing.T) { rdmaSuite(t, "soft", "") }
+func TestRDMABatchSGRange(t *testing.T) { rdmaSuite(t, rdmaProvider, rdmaDev) }
 
 // rdmaSuite is the cross-process suite over one provider (and device, "" = the first with
 // an ACTIVE port).
@@ -206,7 +206,7 @@ func rdmaSuite(t *testing.T, provider, dev string) {
 // waitMetric polls until cond holds for the value read by get, or fails at the deadline.
 func waitMetric(t *testing.T, what string, get func() float64, cond func(float64) bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(fabricTimeout(30 * time.Second))
 	for {
 		v := get()
 		if cond(v) {
@@ -234,13 +234,13 @@ func snapshotValue(c *client.Client, name string) float64 {
 // opens a fresh connection. Close stops the reclaimer (no goroutine left behind).
 func TestRDMAIdleReclaim(t *testing.T) {
 	ctx := t.Context()
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--rdma-segment", "64MiB")
+	s := startServer(t, t.TempDir(), rdmaArgs("--rdma-segment", "64MiB")...)
 	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := client.New(client.Options{Membership: ms, IOTimeout: fabricTimeout(30 * time.Second),
-		RDMA: &client.RDMAOptions{Provider: "soft", MaxBlock: 1 << 20, IdleTimeout: 200 * time.Millisecond}})
+		RDMA: &client.RDMAOptions{Provider: rdmaProvider, MaxBlock: 1 << 20, IdleTimeout: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,13 +277,13 @@ func TestRDMAIdleReclaim(t *testing.T) {
 // a zero-value Ok), and at least one item was cut off.
 func TestRDMABatchServerKilled(t *testing.T) {
 	ctx := t.Context()
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--max-msg", "4MiB")
+	s := startServer(t, t.TempDir(), rdmaArgs("--cap", "512MiB", "--max-msg", "4MiB")...)
 	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := client.New(client.Options{Membership: ms, IOTimeout: fabricTimeout(5 * time.Second), BatchConcurrency: 1,
-		RDMA: &client.RDMAOptions{Provider: "soft", Depth: 2}})
+		RDMA: &client.RDMAOptions{Provider: rdmaProvider, Depth: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,6 +102,7 @@ func putGetRound(t *testing.T, c *client.Client, prefix string, n, size int, see
 
 // (a) Two healthy tier-0 rails: connections and requests spread over both.
 func TestRDMAClientRailsSpread(t *testing.T) {
+	softOnly(t)
 	r := startRailRig(t, "e2e-crails-a")
 	c := r.client(t, client.RDMAOptions{Devices: []string{"soft0", "soft1"}})
 	putGetRound(t, c, "a", 12, 100000, 1)
@@ -124,6 +125,7 @@ func TestRDMAClientRailsSpread(t *testing.T) {
 // (b) Tiers soft0;soft1: everything on soft0 while the topology says it is healthy; after
 // the server's soft0 port goes down (published Down), the client moves to soft1.
 func TestRDMAClientRailsTiers(t *testing.T) {
+	softOnly(t)
 	r := startRailRig(t, "e2e-crails-b", "--rdma-tiers", "soft0;soft1")
 	c := r.client(t, client.RDMAOptions{Devices: []string{"soft0", "soft1"}, Tiers: [][]string{{"soft0"}, {"soft1"}},
 		RailQuarantine: 300 * time.Millisecond})
@@ -188,6 +190,7 @@ func TestRDMAClientRailsTiers(t *testing.T) {
 // byte-exact. A PUT whose request may have been submitted when its rail broke is not
 // replayed: it returns its error.
 func TestRDMAClientRailsReplay(t *testing.T) {
+	softOnly(t)
 	r := startRailRig(t, "e2e-crails-c")
 	c := r.client(t, client.RDMAOptions{Devices: []string{"soft0", "soft1"}, Primary: "soft0", Depth: 2})
 	ctx := context.Background()
@@ -281,6 +284,7 @@ func TestRDMAClientRailsReplay(t *testing.T) {
 // (d) A client whose whitelist names a rail the server does not publish: ErrNoCompatibleRail
 // is client-local; the op goes over TCP and the peer is not cooled.
 func TestRDMAClientNoCompatibleRail(t *testing.T) {
+	softOnly(t)
 	r := startRailRig(t, "e2e-crails-d")
 	c := r.client(t, client.RDMAOptions{Devices: []string{"soft3"}})
 	ctx := context.Background()
@@ -315,6 +319,7 @@ func TestRDMAClientNoCompatibleRail(t *testing.T) {
 // its device will not open): the rail is quarantined and the op, a PUT included, runs on
 // soft1 over RDMA; the server is not cooled.
 func TestRDMAClientRailDialFailover(t *testing.T) {
+	softOnly(t)
 	r := startRailRig(t, "e2e-crails-e")
 	if err := soft.WriteFaults(filepath.Join(r.dir, "client-faults"), "soft0 port down\n"); err != nil {
 		t.Fatal(err)

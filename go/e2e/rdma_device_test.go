@@ -20,14 +20,14 @@ import (
 // move the right bytes, and Close frees the PD and context after the connections.
 func TestRDMASharedDevice(t *testing.T) {
 	ctx := t.Context()
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--max-msg", "4MiB",
-		"--rdma-segment", "128MiB", "--rdma-depth", "2", "--ram-tier", "--ram-tier-bytes", "64MiB")
+	s := startServer(t, t.TempDir(), rdmaArgs("--cap", "512MiB", "--max-msg", "4MiB",
+		"--rdma-segment", "128MiB", "--rdma-depth", "2", "--ram-tier", "--ram-tier-bytes", "64MiB")...)
 	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma-dev"), IOTimeout: fabricTimeout(30 * time.Second),
-		BatchConcurrency: 4, RDMA: &client.RDMAOptions{Provider: "soft", MaxBlock: 1 << 20, Depth: 2, MaxConns: 4}})
+		BatchConcurrency: 4, RDMA: &client.RDMAOptions{Provider: rdmaProvider, MaxBlock: 1 << 20, Depth: 2, MaxConns: 4}})
 	if err != nil {
 		t.Fatal(err)
 	}

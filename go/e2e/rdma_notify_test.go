@@ -17,13 +17,13 @@ import (
 // the server's drain notice reaches the client natively (its dfkv_rdma_notify_recvs_total
 // moves, no fallback), before the process is gone.
 func TestRDMANotifyDrain(t *testing.T) {
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "256MiB", "--max-msg", "64MiB")
+	s := startServer(t, t.TempDir(), rdmaArgs("--cap", "256MiB", "--max-msg", "64MiB")...)
 	ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: s.addr, Weight: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := client.New(client.Options{Membership: ms, Namespace: []byte("notify"), IOTimeout: fabricTimeout(10 * time.Second),
-		RDMA: &client.RDMAOptions{Provider: "soft", Notify: true}})
+		RDMA: &client.RDMAOptions{Provider: rdmaProvider, Notify: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,6 +66,7 @@ func TestRDMANotifyDrain(t *testing.T) {
 // published health change (down, quarantined, healthy) reaches the client as a native
 // dfkv.rail notification on its soft0 connection; the server counts the sends on soft0.
 func TestRDMANotifyRailEvent(t *testing.T) {
+	softOnly(t)
 	s, faults := startSoftRailsServer(t, "", "--max-msg", "4MiB")
 	c := railEventClient(t, s, "rail", client.RDMAOptions{Provider: "soft", Device: "soft0", Notify: true})
 	v := rnd(300000, 1)
@@ -108,6 +109,7 @@ func TestRDMANotifyRailEvent(t *testing.T) {
 // uses soft0) hears the server's dfkv.rail notice that soft1 went down and quarantines
 // soft1 towards that server at once: no op failed on soft1, no topology told it.
 func TestRDMARailNoticeQuarantines(t *testing.T) {
+	softOnly(t)
 	s, faults := startSoftRailsServer(t, "", "--max-msg", "4MiB")
 	c := railEventClient(t, s, "notice", client.RDMAOptions{Provider: "soft", Devices: []string{"soft0", "soft1"},
 		Primary: "soft0", Notify: true, RailProbeInterval: -1})

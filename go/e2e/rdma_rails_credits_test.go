@@ -37,6 +37,7 @@ func railSum(t *testing.T, c *client.Client, name string, rails []string) float6
 // with NUMA on (its soft NICs on nodes 0,1,0,1, the caller on node 1) keeps to soft1 and
 // soft3.
 func TestRDMARailsFourSpreadAndNUMA(t *testing.T) {
+	softOnly(t)
 	r := startRailRig(t, "e2e-crails-f", "--rdma-dev", "soft0,soft1,soft2,soft3")
 	c := r.client(t, client.RDMAOptions{Devices: fourRails})
 	putGetRound(t, c, "f", 16, 70000, 1)
@@ -77,6 +78,7 @@ func TestRDMARailsFourSpreadAndNUMA(t *testing.T) {
 // every tier-0 credit is held fails with a timeout, again without touching tier 1, and the
 // server is not cooled.
 func TestRDMARailsCongestionStaysInTier(t *testing.T) {
+	softOnly(t)
 	for _, tc := range []struct {
 		name         string
 		tier0, tier1 []string
@@ -205,6 +207,7 @@ func testCongestionStaysInTier(t *testing.T, tier0, tier1 []string) {
 // injected late completion of an old QP generation waiting for the next QP) a probe
 // recovers soft0 — the stale completion is dropped and counted — and traffic returns to it.
 func TestRDMARailsFailMidBatchProbeRecover(t *testing.T) {
+	softOnly(t)
 	for _, rails := range [][]string{fourRails[:2], fourRails} {
 		t.Run(strconv.Itoa(len(rails))+"-rails", func(t *testing.T) { testFailMidBatchProbeRecover(t, rails) })
 	}

@@ -17,6 +17,7 @@ import (
 // none, and the server is not cooled. When the delay clears, soft1's EWMA comes down, the
 // demotion ends and soft1 carries its round-robin share again.
 func TestRDMARailsLatencyDemotion(t *testing.T) {
+	softOnly(t)
 	const slowRail, fastRail, tier1 = "soft1", "soft0", "soft2"
 	r := startRailRig(t, "e2e-crails-lat", "--rdma-dev", "soft0,soft1,soft2", "--rdma-tiers", "soft0,soft1;soft2")
 	faults := filepath.Join(r.dir, "client-faults")

@@ -56,6 +56,7 @@ func ctlRails(t *testing.T, eps, group string) railRingJSON {
 }
 
 func TestRDMARailsTopology(t *testing.T) {
+	softOnly(t)
 	const group = "e2e-rails"
 	dir := t.TempDir()
 	mds := startMDS(t, "mds", []string{"--etcd", "embedded:" + filepath.Join(dir, "etcd"),
@@ -261,6 +262,7 @@ func snapMetric(t *testing.T, snap []byte, name string) float64 {
 // TestRDMARailsBadConfigRefused: rail selection flags that cannot be honoured stop the
 // server at start with a message naming the problem.
 func TestRDMARailsBadConfigRefused(t *testing.T) {
+	softOnly(t)
 	cases := []struct {
 		args  []string
 		want  string
@@ -301,6 +303,7 @@ func TestRDMARailsBadConfigRefused(t *testing.T) {
 // not served; when it comes up it is published Healthy (after the recovery samples) and
 // then served.
 func TestRDMARailDownAtStart(t *testing.T) {
+	softOnly(t)
 	s, faults := startSoftRailsServer(t, "soft1 port down\n", "--max-msg", "1MiB", "--log-level", "info")
 	metrics := func() string {
 		resp, err := http.Get("http://" + s.metricsAddr + "/metrics")

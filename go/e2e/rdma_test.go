@@ -18,7 +18,6 @@ import (
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/ibverbs"
-	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
@@ -91,16 +90,13 @@ func rnd(n int, seed uint64) []byte {
 }
 
 func TestRDMASoftServer(t *testing.T) {
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--max-msg", "64MiB", "--rdma-segment", "320MiB",
-		"--ram-tier", "--ram-tier-bytes", "256MiB")
+	s := startServer(t, t.TempDir(), rdmaArgs("--cap", "512MiB", "--max-msg", "64MiB", "--rdma-segment", "320MiB",
+		"--ram-tier", "--ram-tier-bytes", "256MiB")...)
 	boot, st := rdmaBootstrap(t, s.addr)
 	if st != fb.StatusOk {
 		t.Fatalf("bootstrap status %s", st)
 	}
-	p, err := soft.New(soft.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := testVerbs(t)
 	c, err := onesided.Dial(boot, onesided.Config{Provider: p, MaxBlock: 64 << 20, Depth: 2, IOTimeout: fabricTimeout(30 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
@@ -160,12 +156,12 @@ func TestRDMAOffAndForcedV1(t *testing.T) {
 	c.Close()
 
 	// A forced-v1 server tells an auto client to reconnect offering v1.
-	s1 := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--rdma-server-protocol", "1")
+	s1 := startServer(t, t.TempDir(), rdmaArgs("--rdma-server-protocol", "1")...)
 	boot, st := rdmaBootstrap(t, s1.addr)
 	if st != fb.StatusOk {
 		t.Fatalf("bootstrap: %s", st)
 	}
-	p, _ := soft.New(soft.Options{})
+	p := testVerbs(t)
 	if _, err := onesided.Dial(boot, onesided.Config{Provider: p}); !errors.Is(err, dcp.ErrFallbackV1) {
 		t.Fatalf("auto client against a forced-v1 server: %v", err)
 	}
@@ -219,7 +215,7 @@ func TestRDMAUnavailable(t *testing.T) {
 // The Go client with RDMA on: values up to its declared block move over RDMA, larger ones
 // and servers without RDMA over TCP; TransportMode says which and why.
 func TestRDMAGoClient(t *testing.T) {
-	s := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--cap", "512MiB", "--max-msg", "64MiB")
+	s := startServer(t, t.TempDir(), rdmaArgs("--cap", "512MiB", "--max-msg", "64MiB")...)
 	plain := startServer(t, t.TempDir(), "--cap", "512MiB", "--max-msg", "64MiB")
 	for _, srv := range []*serverProc{s, plain} {
 		ms, err := client.NewStatic([]client.Member{{ID: "n1", Addr: srv.addr, Weight: 100}})
@@ -227,7 +223,7 @@ func TestRDMAGoClient(t *testing.T) {
 			t.Fatal(err)
 		}
 		c, err := client.New(client.Options{Membership: ms, Namespace: []byte("rdma"), IOTimeout: fabricTimeout(30 * time.Second),
-			RDMA: &client.RDMAOptions{Provider: "soft"}})
+			RDMA: &client.RDMAOptions{Provider: rdmaProvider}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -294,8 +290,8 @@ func TestRDMAGoClient(t *testing.T) {
 // v1 (SEND/RECV): a client forced to v1 (DFKV_RDMA_PROTOCOL=1) against an auto server, and
 // an auto client against a forced-v1 server (it reconnects offering v1), byte-exact.
 func TestRDMAV1(t *testing.T) {
-	auto := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft")
-	forced := startServer(t, t.TempDir(), "--rdma", "--rdma-provider", "soft", "--rdma-server-protocol", "1")
+	auto := startServer(t, t.TempDir(), rdmaArgs()...)
+	forced := startServer(t, t.TempDir(), rdmaArgs("--rdma-server-protocol", "1")...)
 	for _, tc := range []struct {
 		srv      *serverProc
 		clientV1 bool
@@ -305,7 +301,7 @@ func TestRDMAV1(t *testing.T) {
 			t.Fatal(err)
 		}
 		c, err := client.New(client.Options{Membership: ms, IOTimeout: fabricTimeout(30 * time.Second),
-			RDMA: &client.RDMAOptions{Provider: "soft", ForceV1: tc.clientV1}})
+			RDMA: &client.RDMAOptions{Provider: rdmaProvider, ForceV1: tc.clientV1}})
 		if err != nil {
 			t.Fatal(err)
 		}

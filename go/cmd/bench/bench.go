@@ -55,6 +55,7 @@ type options struct {
 	token     string
 	transport string
 	rdmaProv  string
+	rdmaDev   string
 }
 
 func usage(w io.Writer, fs *flag.FlagSet) {
@@ -108,6 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, int, bool) {
 	fs.StringVar(&o.token, "token", "", "dfkv: tenant token (nodes run with --auth-tokens)")
 	fs.StringVar(&o.transport, "transport", "tcp", "dfkv: tcp, or rdma (v2 one-sided; docs/RDMA.md; fails unless RDMA is in use)")
 	fs.StringVar(&o.rdmaProv, "rdma-provider", "ibverbs", "dfkv --transport rdma: ibverbs, or soft (software NIC; no performance meaning)")
+	fs.StringVar(&o.rdmaDev, "rdma-dev", "", "dfkv --transport rdma: the client's device (default: the first with an ACTIVE port)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			usage(stderr, fs)
@@ -372,7 +374,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 	}
 	t, err := openTarget(targetConfig{kind: o.target, members: o.members, addr: o.addr, ns: o.ns,
 		conns: o.conns, batch: o.batch, ioTimeout: o.ioTimeout, getAuto: o.getAuto, blocking: o.blocking, bconc: o.bconc,
-		poolSize: o.poolSize, file: o.file, verify: o.verify, transport: o.transport, rdmaProvider: o.rdmaProv,
+		poolSize: o.poolSize, file: o.file, verify: o.verify, transport: o.transport, rdmaProvider: o.rdmaProv, rdmaDev: o.rdmaDev,
 		tlsCA: o.tlsCA, tlsCert: o.tlsCert, tlsKey: o.tlsKey, token: o.token}, int64(o.size))
 	if err != nil {
 		fmt.Fprintln(stderr, "dfkv_bench:", err)

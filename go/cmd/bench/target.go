@@ -53,6 +53,7 @@ type targetConfig struct {
 	tlsCA, tlsCert, tlsKey, token string
 	// dfkv: "tcp" or "rdma", and the RDMA provider
 	transport, rdmaProvider string
+	rdmaDev                 string
 }
 
 func openTarget(cfg targetConfig, size int64) (target, error) {

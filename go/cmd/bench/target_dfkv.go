@@ -26,7 +26,7 @@ func openDfkv(cfg targetConfig, size int64) (target, error) {
 	switch cfg.transport {
 	case "", "tcp":
 	case "rdma":
-		rdma = &client.RDMAOptions{Provider: cfg.rdmaProvider, MaxBlock: uint64(max(size, 4<<20))}
+		rdma = &client.RDMAOptions{Provider: cfg.rdmaProvider, Device: cfg.rdmaDev, MaxBlock: uint64(max(size, 4<<20))}
 	default:
 		return nil, fmt.Errorf("--transport %q: want tcp or rdma", cfg.transport)
 	}

@@ -18,7 +18,7 @@ func TestCProgram(t *testing.T) {
 		t.Skip("-short: builds the shared library and a C program")
 	}
 	gcc, err := exec.LookPath("gcc")
-	if err != nil {
+	if err != nil && os.Getenv("DFKV_TEST_CABI_DIR") == "" {
 		t.Fatal("gcc not found: the C ABI test needs a C compiler")
 	}
 	dir := t.TempDir()
@@ -30,13 +30,25 @@ func TestCProgram(t *testing.T) {
 			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
 		}
 	}
-	run("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "libdfkv.so"), "./go/cmd/libdfkv")
-	run("go", "build", "-o", filepath.Join(dir, "dfkv_server"), "./go/cmd/server")
-	run(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-Igo/cmd/libdfkv", "-o", filepath.Join(dir, "abi_test"),
-		"go/cmd/libdfkv/testdata/abi_test.c", "-L"+dir, "-ldfkv", "-Wl,-rpath,"+dir, "-pthread")
+	// DFKV_TEST_CABI_DIR: libdfkv.so, dfkv_server and abi_test built already (the RDMA guest,
+	// tools/rdma-vm, has no compilers); the program's rpath is $ORIGIN.
+	bin := dir
+	if pre := os.Getenv("DFKV_TEST_CABI_DIR"); pre != "" {
+		bin = pre
+	} else {
+		run("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "libdfkv.so"), "./go/cmd/libdfkv")
+		run("go", "build", "-o", filepath.Join(dir, "dfkv_server"), "./go/cmd/server")
+		run(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-Igo/cmd/libdfkv", "-o", filepath.Join(dir, "abi_test"),
+			"go/cmd/libdfkv/testdata/abi_test.c", "-L"+dir, "-ldfkv", "-Wl,-rpath,"+dir, "-pthread")
+	}
+	// The RDMA section runs over DFKV_TEST_RDMA_PROVIDER (default soft; ibverbs in the guest).
+	provider := os.Getenv("DFKV_TEST_RDMA_PROVIDER")
+	if provider == "" {
+		provider = "soft"
+	}
 
 	addrFile := filepath.Join(dir, "addr")
-	srv := exec.Command(filepath.Join(dir, "dfkv_server"), "--host", "127.0.0.1", "--port", "0", "--addr-file", addrFile,
+	srv := exec.Command(filepath.Join(bin, "dfkv_server"), "--host", "127.0.0.1", "--port", "0", "--addr-file", addrFile,
 		"--dir", filepath.Join(dir, "data"), "--cap", "256MiB", "--max-msg", "32MiB", "--log-level", "warn")
 	srv.Stderr = os.Stderr
 	if err := srv.Start(); err != nil {
@@ -47,9 +59,9 @@ func TestCProgram(t *testing.T) {
 	// A second server with RDMA over the soft provider (the software NIC: the C program's
 	// process and the server's are the two hosts): the program's RDMA section.
 	rdmaAddrFile := filepath.Join(dir, "rdma-addr")
-	rsrv := exec.Command(filepath.Join(dir, "dfkv_server"), "--host", "127.0.0.1", "--port", "0", "--addr-file", rdmaAddrFile,
+	rsrv := exec.Command(filepath.Join(bin, "dfkv_server"), "--host", "127.0.0.1", "--port", "0", "--addr-file", rdmaAddrFile,
 		"--dir", filepath.Join(dir, "rdma-data"), "--cap", "512MiB", "--max-msg", "64MiB", "--log-level", "warn",
-		"--rdma", "--rdma-provider", "soft", "--rdma-depth", "2", "--rdma-segment", "640MiB")
+		"--rdma", "--rdma-provider", provider, "--rdma-depth", "2", "--rdma-segment", "640MiB")
 	rsrv.Stderr = os.Stderr
 	if err := rsrv.Start(); err != nil {
 		t.Fatal(err)
@@ -57,8 +69,8 @@ func TestCProgram(t *testing.T) {
 	defer func() { _ = rsrv.Process.Kill(); _ = rsrv.Wait() }()
 	rdmaAddr := waitAddr(t, rdmaAddrFile)
 
-	cmd := exec.Command(filepath.Join(dir, "abi_test"))
-	cmd.Env = append(os.Environ(), "DFKV_TEST_ADDR="+addr, "DFKV_TEST_RDMA_ADDR="+rdmaAddr, "DFKV_RDMA_PROVIDER=soft",
+	cmd := exec.Command(filepath.Join(bin, "abi_test"))
+	cmd.Env = append(os.Environ(), "DFKV_TEST_ADDR="+addr, "DFKV_TEST_RDMA_ADDR="+rdmaAddr, "DFKV_RDMA_PROVIDER="+provider,
 		"DFKV_RDMA_MAX_BLOCK="+strconv.Itoa(64<<20), "DFKV_RDMA_DEPTH=2", "DFKV_IO_TIMEOUT_MS=60000")
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
