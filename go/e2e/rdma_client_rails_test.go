@@ -49,7 +49,10 @@ func startRailRig(t *testing.T, group string, serverArgs ...string) *railRig {
 
 func (r *railRig) client(t *testing.T, o client.RDMAOptions) *client.Client {
 	t.Helper()
-	ms, err := client.NewMDSMembership(client.MDSOptions{Endpoints: []string{r.mds.addr}, Group: r.group, Poll: 100 * time.Millisecond})
+	ms, err := client.NewMDSMembership(client.MDSOptions{Endpoints: []string{r.mds.addr}, Group: r.group, Poll: 100 * time.Millisecond,
+		// Short long polls: the tests count completed polls after a rail change, and the default
+		// 10 s wait would leave all but the first one unanswered for 10 s each.
+		LongPoll: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,6 +110,9 @@ func TestRDMARailsTopology(t *testing.T) {
 	}
 
 	// A client following the MDS (the C ABI's Go core) and its ring.
+	// Short long polls (DFKV_MDS_LONG_POLL_MS): the test counts completed polls after the rail
+	// change, and the default 10 s wait would answer all but the first only at its end.
+	t.Setenv("DFKV_MDS_LONG_POLL_MS", "200")
 	h := cabi.Open(&cabi.Options{StructSize: cabi.OptionsSize, ABIVersion: cabi.ABIVersion, Namespace: []byte("e2e-rails"),
 		MDSEndpoints: mds.addr, MDSGroup: group, MDSPollMS: 100})
 	if h == 0 {

@@ -1,6 +1,7 @@
 package onesided
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -56,9 +57,12 @@ func onHost(a netip.Addr) bool {
 // A port whose table cannot be read keeps the pre-table behaviour: index 0.
 func chooseGID(ctx verbs.Context, port verbs.PortInfo, boot net.Conn, pol verbs.GIDPolicy, peer *dcp.Rail) (verbs.GIDChoice, error) {
 	table, err := ctx.GIDTable(port.Num)
-	if err != nil || len(table) == 0 {
+	if err == nil && len(table) == 0 {
+		err = errors.New("no entries")
+	}
+	if err != nil {
 		if pol.HasIndex && pol.Index != 0 {
-			return verbs.GIDChoice{}, fmt.Errorf("onesided: gid index %d set by the operator, but the GID table of %s port %d cannot be read: %v", pol.Index, ctx.Info().Name, port.Num, err)
+			return verbs.GIDChoice{}, fmt.Errorf("onesided: gid index %d set by the operator, but the GID table of %s port %d cannot be read: %w", pol.Index, ctx.Info().Name, port.Num, err)
 		}
 		return verbs.GIDChoice{Entry: verbs.GIDEntry{Index: 0, GID: port.GID}, Why: fmt.Sprintf("GID table unreadable (%v): index 0", err)}, nil
 	}

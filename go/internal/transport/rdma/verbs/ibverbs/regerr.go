@@ -18,7 +18,7 @@ func regMRError(n int, e syscall.Errno, l verbs.MemlockLimit) error {
 		if uint64(n) > l.Cur {
 			err = l.Check(uint64(n), fmt.Sprintf("a %d-byte registration", n))
 		}
-		return fmt.Errorf("ibverbs: reg_mr %d bytes: %s: %w", n, e.Error(), err)
+		return fmt.Errorf("ibverbs: reg_mr %d bytes: %w: %w", n, e, err)
 	}
 	msg := "no error reported"
 	if e != 0 {
