@@ -234,6 +234,12 @@ func TestABILayout(t *testing.T) {
 		t.Skip("rdma-core headers (infiniband/verbs.h) not installed: nothing to compare verbs_abi.h with")
 	}
 	for _, v := range vals {
+		// The exported ibv_query_port fills the compat struct, a prefix of today's
+		// ibv_port_attr (later rdma-core appends fields, e.g. active_speed_ex): ours is that
+		// prefix, so it may be shorter than a newer header's struct (its offsets are checked).
+		if v.name == "sizeof ibv_port_attr" && v.ours <= v.real {
+			continue
+		}
 		if v.ours != v.real {
 			t.Errorf("%s: verbs_abi.h %d, rdma-core's header %d", v.name, v.ours, v.real)
 		}
