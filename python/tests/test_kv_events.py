@@ -201,8 +201,13 @@ def test_kv_events_lifecycle(tmp_path, layout):
     node.start()
     try:
         # A late subscriber: the fresh node's AllBlocksCleared went out before anyone
-        # listened; replay has it.
+        # listened; replay has it once the publisher has sent its first batch (batches go
+        # out on an interval, so a replay right after start may find the buffer empty).
+        deadline = time.monotonic() + 10
         got = replay(ctx, node, decoder)
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.1)
+            got = replay(ctx, node, decoder)
         assert [type(e) for _, b in got for e in b.events] == [Cleared], got
         sub = Subscriber(ctx, node, decoder)
         time.sleep(0.5)  # the subscription reaches the publisher
