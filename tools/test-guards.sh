@@ -9,6 +9,7 @@
 #   - tools/gen_ctypes.py --check: an edited dfkv.h (new function, changed field type), an
 #     edited generated _abi.py, a header construct outside the generator's C subset
 #   - tools/build.sh: a missing command package
+#   - tools/check-doclinks.py: a link to a missing file, to a missing heading; a docs/*.md too long
 #   - go/e2e TestMDSExternalEtcd: no etcd binary
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -131,6 +132,22 @@ mkdir -p "$b/tools" "$b/go/cmd/server" "$b/go/cmd/dfkvctl" "$b/go/cmd/bench" "$b
 cp "$root/tools/build.sh" "$b/tools/"
 for c in server dfkvctl bench libdfkv; do printf 'package main\n' >"$b/go/cmd/$c/main.go"; done
 want_out="go/cmd/mds is missing" expect fail "build.sh: missing command (go/cmd/mds)" env DFKV_BUILD_DIR="$b/out" "$b/tools/build.sh"
+
+# --- doc links ---------------------------------------------------------------------------
+dl=$scratch/doclinks
+mkdir -p "$dl/docs/sub"
+printf '# Guide\n[a](docs/A.md) [b](docs/A.md#two--three) ![p](docs/sub/p.svg) [w](https://x.invalid/y)\n' >"$dl/README.md"
+printf '# One\n## Two — three\n[up](../README.md#guide)\n```\n[not a link](nowhere.md)\n```\n' >"$dl/docs/A.md"
+printf '<svg/>\n' >"$dl/docs/sub/p.svg"
+doclinks() { "$py" "$root/tools/check-doclinks.py" "$dl"; }
+expect pass "check-doclinks: links resolve" doclinks
+printf '[gone](sub/missing.md)\n' >>"$dl/docs/A.md"
+want_out="sub/missing.md: no such file" expect fail "check-doclinks: link to a missing file" doclinks
+printf '# One\n[bad](../README.md#nope)\n' >"$dl/docs/A.md"
+want_out="no heading #nope" expect fail "check-doclinks: link to a missing heading" doclinks
+printf '# One\n' >"$dl/docs/A.md"
+seq 401 >>"$dl/docs/A.md"
+want_out="over 400" expect fail "check-doclinks: a docs/*.md over 400 lines" doclinks
 
 # --- external etcd ------------------------------------------------------------------------
 # Without an etcd the MDS end-to-end test must fail, not skip (DFKV_ETCD names the binary).
