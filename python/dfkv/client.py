@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from . import _abi, _lib, identity
 from ._buffers import Pins, RawBuffer, new_bytes
 from ._lib import ABI_VERSION, CLIENT_OPT_REGISTER_WITH_MDS, ClientOptionsV2, DfkvError
-from ._abi import STATUS_NOT_FOUND
+from ._abi import STATUS_BUFFER_TOO_SMALL, STATUS_NOT_FOUND, STATUS_OK
 from .errors import Error, error_for_status
 
 __all__ = ["Client", "MAX_VALUE_SIZE", "Tag", "build_options", "version"]
@@ -76,9 +76,18 @@ def _signed64(h: int) -> int:
     h &= (1 << 64) - 1
     return h - (1 << 64) if h >= 1 << 63 else h
 
-# Default server limit on one value; get_auto(key) without a cap reserves this much
-# (address space only: untouched pages are never faulted in).
+# Default server limit on one value: the longest value get(key) and get_auto(key) read.
 MAX_VALUE_SIZE = 64 << 20
+
+# get(key) and get_auto(key) read into a buffer of the client's, one per thread, grown on
+# demand (a power of two from _GET_BUF_MIN up to _GET_BUF_KEEP), and copy the value out once.
+# A fresh MAX_VALUE_SIZE reservation per call cost an mmap and munmap of 64 MiB and a page
+# fault for every 4 KiB the value filled. A value longer than the buffer is refused by the
+# node before any byte moves (the request carries the capacity), so the cost of a miss-sized
+# guess is one small round trip; the call then reads with room for MAX_VALUE_SIZE. Values
+# over _GET_BUF_KEEP read into a buffer of their own, so no thread holds more than 16 MiB.
+_GET_BUF_MIN = 64 << 10
+_GET_BUF_KEEP = 16 << 20
 
 _I32_MAX = (1 << 31) - 1
 _U64_MAX = (1 << 64) - 1
@@ -322,6 +331,7 @@ class Client:
         self._started = _counter()
         self._ended = _counter()
         self._registered: Dict[Tuple[int, int], List[Pins]] = {}  # (address, size) -> pins
+        self._getbuf = threading.local()  # get(key)'s read buffer per thread (_GET_BUF_MIN)
         self._namespace = _namespace_bytes(namespace)
         opts, keep = build_options(
             members, self._namespace, mds_endpoints=mds_endpoints, mds_group=mds_group,
@@ -467,7 +477,9 @@ class Client:
 
         ``get(key)``: any length up to ``MAX_VALUE_SIZE`` (64 MiB); failures other than a
         miss raise a ``dfkv.Error`` subclass (``Unavailable``, ``Timeout``, ``Forbidden``,
-        ``TooLarge`` for a longer value, ...).
+        ``TooLarge`` for a longer value, ...). It reads through a buffer the client keeps per
+        thread (grown on demand, up to 16 MiB) and returns a copy of exactly the value, so a
+        call allocates about the value's size.
 
         ``get(key, size)``: the engine-style exact-size read, unchanged: the value if it is
         stored with exactly ``size`` bytes, else None (a miss, a different length, or any
@@ -513,8 +525,10 @@ class Client:
         miss or when the stored value is longer than ``cap``.
         ``cap`` a writable buffer: reads into it and returns ``(hit, length)``.
         """
-        if cap is None or _is_int(cap):
-            n = MAX_VALUE_SIZE if cap is None else _check_len("cap", cap)
+        if cap is None:
+            return self._read_any(key)[0]
+        if _is_int(cap):
+            n = _check_len("cap", cap)
             out, addr = new_bytes(n)
             ok, length = self._get_auto(key, None, addr, n)
             if not ok:
@@ -523,22 +537,50 @@ class Client:
         return self._get_auto(key, cap, 0, 0)
 
     def _get_any(self, key: Any) -> Optional[bytes]:
-        out, addr = new_bytes(MAX_VALUE_SIZE)  # address space only until the library writes
+        value, status, msg = self._read_any(key)
+        if value is None and status != STATUS_NOT_FOUND:
+            raise error_for_status(status, f"get: {msg}" if msg else "get failed")
+        return value
+
+    def _read_any(self, key: Any) -> "tuple[Optional[bytes], int, str]":
+        """(value, STATUS_OK, "") or (None, status, the library's message): a value of any
+        length up to MAX_VALUE_SIZE, read through this thread's buffer (see _GET_BUF_MIN)."""
+        tl = self._getbuf
+        buf = getattr(tl, "buf", None)
+        if buf is None:
+            buf = tl.buf = (c_ubyte * _GET_BUF_MIN)()
+        limit = MAX_VALUE_SIZE  # read per call: tests lower it
+        if not getattr(tl, "big", False):
+            n, status, msg = self._read_into(key, addressof(buf), min(len(buf), limit))
+            if status == STATUS_OK:
+                return ctypes.string_at(buf, n), status, msg
+            if status != STATUS_BUFFER_TOO_SMALL or len(buf) >= limit:
+                return None, status, msg
+        # Longer than the buffer (or the last value was over _GET_BUF_KEEP): room for any.
+        out, addr = new_bytes(limit)  # address space only until the library writes
+        n, status, msg = self._read_into(key, addr, limit)
+        if status != STATUS_OK:
+            return None, status, msg
+        tl.big = n > _GET_BUF_KEEP
+        if not tl.big and n > len(buf):
+            tl.buf = (c_ubyte * max(_GET_BUF_MIN, 1 << (n - 1).bit_length()))()
+        return (out if n == limit else out[:n]), status, msg
+
+    def _read_into(self, key: Any, addr: int, cap: int) -> "tuple[int, int, str]":
+        """dfkv_get_auto into [addr, addr+cap): (length, STATUS_OK, "") or (0, status, message)."""
         out_len = c_uint64(0)
         h = self._acquire()
         try:
             with self._pins() as p:
                 ka, kn = p.read(key, "key")
-                ok = self._lib.dfkv_get_auto(h, ka, kn, addr, MAX_VALUE_SIZE, byref(out_len)) == 1
-                if not ok:
-                    status = self._lib.dfkv_last_status(h)
-                    if status == STATUS_NOT_FOUND:
-                        return None
-                    raise self._error(h, status, "get")
+                if self._lib.dfkv_get_auto(h, ka, kn, addr, cap, byref(out_len)) == 1:
+                    return out_len.value, STATUS_OK, ""
+                status = self._lib.dfkv_last_status(h)
+                if status == STATUS_NOT_FOUND:
+                    return 0, status, ""
+                return 0, status, (self._lib.dfkv_last_error(h) or b"").decode("utf-8", "replace")
         finally:
             self._release()
-        n = out_len.value
-        return out if n == MAX_VALUE_SIZE else out[:n]
 
     def _error(self, h: int, status: int, op: str) -> Error:
         msg = (self._lib.dfkv_last_error(h) or b"").decode("utf-8", "replace")

@@ -6,6 +6,8 @@ the engine-style forms keep returning False / None (their own tests are in test_
 from __future__ import annotations
 
 import socket
+import threading
+import tracemalloc
 
 import pytest
 
@@ -128,6 +130,70 @@ def test_value_longer_than_get_reads_is_buffer_too_small(client, monkeypatch):
     assert client.get(b"absent") is None  # a miss is still None under the lower cap
     monkeypatch.setattr(dc, "MAX_VALUE_SIZE", 200)
     assert client.get(b"long") == bytes(200)  # exactly the cap: read whole
+
+
+def test_get_without_size_reuses_one_buffer_per_thread(client, monkeypatch):
+    """get(key) reads through a per-thread buffer of the client, grown to the next power of
+    two when a value is longer and kept up to _GET_BUF_KEEP; longer values read into their
+    own buffer. Every read returns the exact bytes, whichever route it took."""
+    import dfkv.client as dc
+
+    small, mid = b"s" * 100, bytes(range(256)) * (3 << 12)  # 100 B; 3 MiB
+    client.set(b"small", small)
+    client.set(b"mid", mid)
+    assert client.get(b"small") == small
+    buf = client._getbuf.buf
+    assert len(buf) == dc._GET_BUF_MIN
+    for _ in range(50):
+        assert client.get(b"small") == small
+    assert client._getbuf.buf is buf  # reused, not reallocated
+    assert client.get(b"mid") == mid  # too long for it: read once with room for any value
+    grown = client._getbuf.buf
+    assert len(grown) == 4 << 20 and client._getbuf.big is False
+    assert client.get(b"mid") == mid and client.get(b"small") == small
+    assert client._getbuf.buf is grown  # kept for the next long value
+    assert client.get_auto(b"mid") == mid and client.get_auto(b"absent") is None
+
+    monkeypatch.setattr(dc, "_GET_BUF_KEEP", 1 << 20)  # mid is now over what a thread keeps
+    client._getbuf.__dict__.clear()  # this thread starts over with a fresh buffer
+    assert client.get(b"mid") == mid
+    assert client._getbuf.big is True and len(client._getbuf.buf) == dc._GET_BUF_MIN
+    assert client.get(b"mid") == mid  # straight to the large read, no refused first try
+    assert client.get(b"small") == small and client._getbuf.big is False
+
+    seen = {}
+
+    def in_thread():
+        seen["v"] = client.get(b"small")
+        seen["buf"] = client._getbuf.buf
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join(30)
+    assert seen["v"] == small and seen["buf"] is not client._getbuf.buf  # one buffer per thread
+
+
+def test_get_without_size_allocates_about_the_value(client):
+    """No call reserves MAX_VALUE_SIZE (64 MiB) any more: the memory Python allocates during
+    get(key) is the returned value (and, once, the thread's buffer), measured by tracemalloc
+    (bytes and ctypes buffers come from the Python allocator it traces)."""
+    value = b"\x33" * (1 << 20)
+    client.set(b"one-mib", value)
+    client.set(b"tiny", b"t")
+    assert client.get(b"one-mib") == value  # warm: the thread's buffer has grown to 1 MiB
+    tracemalloc.start()
+    try:
+        for _ in range(20):
+            assert client.get(b"tiny") == b"t"
+        tiny_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        for _ in range(20):
+            assert len(client.get(b"one-mib")) == len(value)
+        mib_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert tiny_peak < 256 << 10, tiny_peak
+    assert mib_peak < 3 << 20, mib_peak  # one value alive at a time, plus the next one
 
 
 def test_status_is_per_thread_and_resets_on_success(client, lib):
