@@ -37,6 +37,12 @@ command -v cmake >/dev/null || need_apt+=(cmake)
 command -v g++ >/dev/null || need_apt+=(g++)
 # No rdma-core headers: the ibverbs provider declares the verbs ABI it uses itself
 # (go/internal/transport/rdma/verbs/ibverbs/verbs_abi.h); the library is dlopen'ed at run time.
+# --- partitions ---
+# go/e2e TestPartitions (about 35 s, twice with -race) cuts links with nftables drop rules in
+# a network namespace it creates (unshare --net); without nft or ip it would skip.
+command -v nft >/dev/null || need_apt+=(nftables)
+command -v ip >/dev/null || need_apt+=(iproute2)
+# --- end partitions ---
 # the Bazel route's wheel check makes a virtualenv (Debian splits venv/ensurepip out)
 python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then

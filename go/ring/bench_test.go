@@ -1,10 +1,13 @@
 package ring
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sort"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -98,4 +101,74 @@ func TestSortPointsMatchesReference(t *testing.T) {
 			}
 		}
 	}
+}
+
+// referencePoints is the placement written out plainly: every digest of every node, then
+// one comparison sort by (hash, owner index).
+func referencePoints(nodes []Node, ppw int) ([]uint64, []int32) {
+	sorted := append([]Node(nil), nodes...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].ID < sorted[j].ID })
+	type p struct {
+		h uint64
+		o int32
+	}
+	var ps []p
+	for i, n := range sorted {
+		for d := 0; d < int(n.Weight)*ppw/4; d++ {
+			sum := sha256.Sum256([]byte(n.ID + "#" + strconv.Itoa(d)))
+			for k := 0; k < 4; k++ {
+				ps = append(ps, p{binary.LittleEndian.Uint64(sum[8*k:]), int32(i)})
+			}
+		}
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i].h < ps[j].h || ps[i].h == ps[j].h && ps[i].o < ps[j].o })
+	h, o := make([]uint64, len(ps)), make([]int32, len(ps))
+	for i, x := range ps {
+		h[i], o[i] = x.h, x.o
+	}
+	return h, o
+}
+
+// TestLargeRingMatchesReference: the bucketed build of a large ring (more than
+// parallelPoints points), on one goroutine and on several, and its fallback when a bucket
+// overflows, give exactly the reference placement.
+func TestLargeRingMatchesReference(t *testing.T) {
+	nodes := benchNodes(90)
+	nodes[7].Weight, nodes[50].Weight = 3, 2
+	wantH, wantO := referencePoints(nodes, PointsPerWeight)
+	check := func(name string) {
+		t.Helper()
+		r, err := New(nodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, o := r.Points()
+		if len(h) != len(wantH) {
+			t.Fatalf("%s: %d points, want %d", name, len(h), len(wantH))
+		}
+		for i := range h {
+			if h[i] != wantH[i] || o[i] != wantO[i] {
+				t.Fatalf("%s: point %d is (%#x,%d), want (%#x,%d)", name, i, h[i], o[i], wantH[i], wantO[i])
+			}
+		}
+	}
+	for _, procs := range []int{1, 4} {
+		prev := runtime.GOMAXPROCS(procs)
+		check(fmt.Sprintf("GOMAXPROCS=%d", procs))
+		runtime.GOMAXPROCS(prev)
+	}
+	old := bucketSlack
+	bucketSlack = -3 // room below the expected share: some bucket overflows
+	defer func() { bucketSlack = old }()
+	r := &Ring{nodes: nodes[:0:0], pointsPerWeight: PointsPerWeight}
+	r.nodes = append(r.nodes, nodes...)
+	sort.Slice(r.nodes, func(i, j int) bool { return r.nodes[i].ID < r.nodes[j].ID })
+	offs := make([]int, len(r.nodes)+1)
+	for i, n := range r.nodes {
+		offs[i+1] = offs[i] + int(n.Weight)*PointsPerWeight
+	}
+	if r.bucketed(offs[len(r.nodes)], offs) {
+		t.Fatal("no bucket overflowed with the room below the expected share")
+	}
+	check("after an overflow")
 }

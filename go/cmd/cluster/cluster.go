@@ -26,7 +26,10 @@ type clusterConfig struct {
 	group                string
 	nodeCap              string
 	mdsReplicas          int
-	log                  *slog.Logger
+	// etcdUID, when set, runs etcd member i as uid etcdUID+i (the partition mode isolates one
+	// member with an nftables rule on the socket owner, which no port rule can do).
+	etcdUID int
+	log     *slog.Logger
 }
 
 type node struct {
@@ -84,6 +87,17 @@ func (c *cluster) startEtcd(ctx context.Context) error {
 			args: []string{"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(c.cfg.dir, fmt.Sprintf("etcd-%d", i)),
 				"--listen-client-urls", cl, "--advertise-client-urls", cl, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 				"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new", "--log-level", "error"}}
+		if c.cfg.etcdUID > 0 {
+			uid := c.cfg.etcdUID + i
+			dataDir := filepath.Join(c.cfg.dir, fmt.Sprintf("etcd-%d", i))
+			if err := os.MkdirAll(dataDir, 0o700); err != nil {
+				return err
+			}
+			if err := os.Chown(dataDir, uid, uid); err != nil {
+				return err
+			}
+			p.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}
+		}
 		if err := p.start(); err != nil {
 			return err
 		}

@@ -55,8 +55,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "rolling" {
 		return rollingMain(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "partition" {
+		return partitionMain(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "membership" {
-		fmt.Fprintln(stderr, "usage: dfkv_cluster membership|rolling [flags]   (see -h)")
+		fmt.Fprintln(stderr, "usage: dfkv_cluster membership|rolling|partition [flags]   (see -h)")
 		return 2
 	}
 	o := options{}
@@ -109,6 +112,10 @@ type eventResult struct {
 	Kind, Node string
 	Delivered  []time.Duration // per light client
 	Routed     []time.Duration // per full client
+	// AtMDS is when a direct MDS read first showed the change, from the change (0 for a
+	// join, which counts from there): a drain's or death's path to the MDS (deregistration
+	// or lease expiry, the etcd write, the watch) apart from the fan-out to the clients.
+	AtMDS time.Duration
 }
 
 type report struct {
@@ -263,14 +270,14 @@ func measure(ctx context.Context, c *cluster, f *fleet, kind, id string, begin t
 	if err != nil {
 		return eventResult{}, err
 	}
-	start := begin
+	start, atMDS := begin, time.Since(begin)
 	if fromMDS {
-		start = time.Now()
+		start, atMDS = time.Now(), 0
 	}
 	if err := waitSettled(ctx, f, epoch, begin, 60*time.Second); err != nil {
 		return eventResult{}, fmt.Errorf("%s of %s: %w", kind, id, err)
 	}
-	ev := eventResult{Kind: kind, Node: id}
+	ev := eventResult{Kind: kind, Node: id, AtMDS: atMDS}
 	for _, l := range f.light {
 		t, _ := l.seen(epoch, begin)
 		ev.Delivered = append(ev.Delivered, max(t.Sub(start), 0))
@@ -322,7 +329,7 @@ func (r *report) print(w io.Writer) {
 	kinds := []string{"join", "drain", "death"}
 	fmt.Fprintf(w, "%-6s %6s | %-34s | %-34s\n", "change", "events", "delivered to every client: p50 p99 max (per client)", "library clients routing: p50 p99 max")
 	for _, k := range kinds {
-		var del, rou, allDel []time.Duration
+		var del, rou, allDel, atMDS []time.Duration
 		n := 0
 		for _, e := range r.Events {
 			if e.Kind != k {
@@ -332,12 +339,16 @@ func (r *report) print(w io.Writer) {
 			del = append(del, e.Delivered...)
 			rou = append(rou, e.Routed...)
 			allDel = append(allDel, slices.Max(e.Delivered))
+			atMDS = append(atMDS, e.AtMDS)
 		}
 		if n == 0 {
 			continue
 		}
 		fmt.Fprintf(w, "%-6s %6d | %8v %8v %8v | %8v %8v %8v   (slowest client per event: p50 %v, max %v)\n", k, n,
 			pct(del, .5), pct(del, .99), maxDur(del), pct(rou, .5), pct(rou, .99), maxDur(rou), pct(allDel, .5), maxDur(allDel))
+		if k != "join" {
+			fmt.Fprintf(w, "%-6s        | at the MDS (a direct read shows it): p50 %v max %v\n", k, pct(atMDS, .5), maxDur(atMDS))
+		}
 	}
 	perMin := func(d time.Duration, win time.Duration) float64 { return d.Seconds() / win.Minutes() }
 	fmt.Fprintf(w, "MDS CPU (both replicas), idle %v: %.2f CPU-s/min with the clients, %.2f without; the clients' share %.3f CPU-s/min per 1,000 clients\n", r.IdleWindow,

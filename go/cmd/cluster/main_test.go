@@ -44,7 +44,7 @@ func TestPercentiles(t *testing.T) {
 }
 
 func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{nil, {"replay"}, {"membership", "--nodes", "1"}, {"membership", "--full", "9", "--clients", "3"}, {"membership", "--bogus"}, {"rolling", "--nodes", "1"}, {"rolling", "--value", "8"}} {
+	for _, args := range [][]string{nil, {"replay"}, {"membership", "--nodes", "1"}, {"membership", "--full", "9", "--clients", "3"}, {"membership", "--bogus"}, {"rolling", "--nodes", "1"}, {"rolling", "--value", "8"}, {"partition", "--nodes", "1"}, {"partition", "--hold", "0s"}} {
 		var out, errb bytes.Buffer
 		if rc := run(args, &out, &errb); rc != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, rc, errb.String())

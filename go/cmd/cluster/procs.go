@@ -28,6 +28,7 @@ type proc struct {
 	args    []string
 	env     []string
 	logPath string
+	cred    *syscall.Credential // run as this user (nil: as the harness)
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -44,7 +45,7 @@ func (p *proc) start() error {
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: p.cred}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("start %s: %w", p.name, err)

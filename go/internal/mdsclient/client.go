@@ -132,7 +132,18 @@ func (c *Client) Call(ctx context.Context, req *wire.MdsRequest) (*wire.MdsRespo
 			break
 		}
 		ep := c.eps[c.cur]
-		resp, err := c.attempt(ctx, ep, payload, wait)
+		p, w := payload, wait
+		if d, ok := ctx.Deadline(); ok && wait > 0 {
+			// After a replica used up most of the caller's budget (it hung), the next one
+			// is asked to hold only what is left, so that it answers "unchanged" in time
+			// instead of being cut off mid-wait (a dropped connection and a plain-poll pause).
+			if fit := time.Until(d) - c.opts.CallTimeout; fit < wait {
+				short := *req
+				short.WaitMS = uint32(max(fit, 0) / time.Millisecond)
+				p, w = wire.EncodeMdsRequest(&short), time.Duration(short.WaitMS)*time.Millisecond
+			}
+		}
+		resp, err := c.attempt(ctx, ep, p, w)
 		if err == nil {
 			switch resp.Status {
 			case fb.StatusOk:

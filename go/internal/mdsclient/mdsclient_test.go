@@ -181,3 +181,75 @@ func TestHolderUpdateMember(t *testing.T) {
 		t.Fatal("a different member id accepted")
 	}
 }
+
+// silentReplica accepts connections and reads what arrives but never answers: a hung MDS
+// (SIGSTOP), whose kernel still completes connects and takes requests.
+func silentReplica(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, nc)
+			mu.Unlock()
+			go io.Copy(io.Discard, nc)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, nc := range conns {
+			nc.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// TestLongPollAfterHungReplica: a long poll whose first replica hangs used up most of the
+// caller's budget; the next replica is asked to hold only what is left, so the call ends
+// with its "unchanged" answer instead of being cut off mid-wait (an error, a dropped
+// connection and a plain-poll pause in the membership loop).
+func TestLongPollAfterHungReplica(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := mds.NewService(mds.Config{Store: mds.NewMemStore(), LeaseTTL: time.Minute, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := mds.NewServer(mds.ServerConfig{Service: svc, Logger: log})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(ln)
+	defer srv.Shutdown(context.Background())
+	good := ln.Addr().String()
+	const callTimeout, wait = 500 * time.Millisecond, 2 * time.Second
+	direct, _ := mdsclient.New([]string{good}, mdsclient.Options{CallTimeout: time.Second})
+	first, _, err := direct.Call(context.Background(), &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: "g"})
+	if err != nil || first.Topology == nil {
+		t.Fatalf("plain topology read: %v", err)
+	}
+	c, _ := mdsclient.New([]string{silentReplica(t), good}, mdsclient.Options{CallTimeout: callTimeout})
+	// The membership loop's budget: the wait plus a call timeout per replica and one more.
+	ctx, cancel := context.WithTimeout(context.Background(), wait+3*callTimeout)
+	defer cancel()
+	resp, ep, err := c.Call(ctx, &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: "g", WaitMS: uint32(wait / time.Millisecond),
+		KnownTopologyEpoch: first.Topology.TopologyEpoch})
+	if err != nil {
+		t.Fatalf("long poll after a hung replica: %v (the next replica's wait was not fitted to the budget)", err)
+	}
+	if ep != good {
+		t.Fatalf("answered by %s, want %s", ep, good)
+	}
+	if resp.WaitMS >= uint32(wait/time.Millisecond) {
+		t.Fatalf("the next replica was asked to hold %d ms, the whole wait: nothing was left of the budget for it", resp.WaitMS)
+	}
+	t.Logf("the next replica held %d ms of the %v wait", resp.WaitMS, wait)
+}
