@@ -21,13 +21,14 @@ import (
 
 // eventOptions are the KV-event flags (docs/EVENTS.md).
 type eventOptions struct {
-	endpoint, replay, topic, medium, layout, node, advertise string
-	queue, buffer                                            int
+	endpoint, replay, topic, medium, layout, node, advertise, connect string
+	queue, buffer                                                     int
 }
 
 func addEventFlags(fs *flag.FlagSet, o *eventOptions) {
 	fs.StringVar(&o.endpoint, "kv-events", "", "publish KV events (vLLM's ZMQ/msgpack format) on this PUB endpoint, tcp://HOST:PORT (off by default)")
 	fs.StringVar(&o.replay, "kv-events-replay", "", "with --kv-events: serve replay requests (ROUTER, as vLLM's) on tcp://HOST:PORT")
+	fs.StringVar(&o.connect, "kv-events-connect", "", "with --kv-events: also dial these subscribers that bind, tcp://HOST:PORT[,...] (llm-d's indexer binds its SUB on tcp://*:5557)")
 	fs.StringVar(&o.topic, "kv-events-topic", kvevents.DefaultTopic, "ZMQ topic of event batches; {node} and {model} are replaced (llm-d reads kv@<pod>@<model>)")
 	fs.StringVar(&o.medium, "kv-events-medium", kvevents.DefaultMedium, "tier named in the events' medium field")
 	fs.StringVar(&o.layout, "kv-events-layout", "map", "msgpack layout: array (every struct positional, older vLLM), map (events as tagged maps in a positional batch, vLLM 0.33) or map-all (the batch a map too)")
@@ -37,10 +38,20 @@ func addEventFlags(fs *flag.FlagSet, o *eventOptions) {
 	fs.IntVar(&o.buffer, "kv-events-buffer", kvevents.DefaultBuffer, "batches kept for replay")
 }
 
+func (o *eventOptions) connectList() []string {
+	var out []string
+	for _, ep := range strings.Split(o.connect, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
 func (o *eventOptions) validate() error {
 	if o.endpoint == "" {
-		if o.replay != "" {
-			return fmt.Errorf("--kv-events-replay needs --kv-events")
+		if o.replay != "" || o.connect != "" {
+			return fmt.Errorf("--kv-events-replay and --kv-events-connect need --kv-events")
 		}
 		return nil
 	}
@@ -50,7 +61,7 @@ func (o *eventOptions) validate() error {
 	if o.queue < 1 || o.buffer < 1 {
 		return fmt.Errorf("--kv-events-queue and --kv-events-buffer must be positive")
 	}
-	for _, ep := range []string{o.endpoint, o.replay} {
+	for _, ep := range append([]string{o.endpoint, o.replay}, o.connectList()...) {
 		if ep != "" && !strings.HasPrefix(ep, "tcp://") {
 			return fmt.Errorf("KV events endpoint %q: want tcp://HOST:PORT", ep)
 		}
@@ -88,7 +99,7 @@ func freshStart(kind string, dirs []string) bool {
 func startEvents(o eventOptions, node string, fresh bool, dir string, reg prometheus.Registerer, log *slog.Logger) (*kvevents.Publisher, func(store.Engine) (store.Engine, error), error) {
 	layout, _ := kvevents.ParseLayout(o.layout)
 	pub, err := kvevents.New(kvevents.Config{
-		Endpoint: o.endpoint, ReplayEndpoint: o.replay, Topic: o.topic, Node: node, Medium: o.medium,
+		Endpoint: o.endpoint, ReplayEndpoint: o.replay, Connect: o.connectList(), Topic: o.topic, Node: node, Medium: o.medium,
 		Layout: layout, QueueLen: o.queue, Buffer: o.buffer, Logger: log, Registry: reg,
 	})
 	if err != nil {
