@@ -177,7 +177,12 @@ func (e *encoder) event(ev *Event) error {
 				return m.EncodeInt(t.LoraID)
 			}},
 			{"medium", e.mediumField},
-			{"lora_name", func() error { return m.EncodeString(t.LoraName) }},
+			{"lora_name", func() error {
+				if t.LoraName == "" {
+					return m.EncodeNil()
+				}
+				return m.EncodeString(t.LoraName)
+			}},
 		}
 	case Removed:
 		t := ev.Tag
@@ -189,10 +194,10 @@ func (e *encoder) event(ev *Event) error {
 	default:
 		return fmt.Errorf("event kind %d", ev.Kind)
 	}
-	// lora_name is BlockStored's one field with a default (None), which msgspec's
-	// omit_defaults leaves out, as the trailing element in array_like form: llm-d's
-	// indexer decodes arrays of exactly vLLM's length and drops longer ones.
-	if ev.Kind == Stored && ev.Tag.LoraName == "" {
+	// The array layout is older vLLM's BlockStored, which ended at medium: without a LoRA
+	// name it stops there too, since llm-d's indexer decodes arrays of exactly that length
+	// and drops longer ones. (vLLM 0.33's tagged map requires lora_name: always written.)
+	if ev.Kind == Stored && ev.Tag.LoraName == "" && !e.layout.eventMap() {
 		fields = fields[:len(fields)-1]
 	}
 	// msgspec's tag: the class name, first in an array, under "type" in a map.

@@ -29,13 +29,13 @@ func TestEncodeLayouts(t *testing.T) {
 		}, int8(2)}},
 		{LayoutMap, []any{1.5, []any{
 			map[string]any{"type": "BlockStored", "block_hashes": []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "parent_block_hash": int8(5),
-				"token_ids": []any{int8(10), int8(11)}, "block_size": int8(16), "lora_id": nil, "medium": "CPU"},
+				"token_ids": []any{int8(10), int8(11)}, "block_size": int8(16), "lora_id": nil, "medium": "CPU", "lora_name": nil},
 			map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "medium": "CPU"},
 			map[string]any{"type": "AllBlocksCleared"},
 		}, int8(2)}},
 		{LayoutMapAll, map[string]any{"ts": 1.5, "data_parallel_rank": int8(2), "events": []any{
 			map[string]any{"type": "BlockStored", "block_hashes": []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "parent_block_hash": int8(5),
-				"token_ids": []any{int8(10), int8(11)}, "block_size": int8(16), "lora_id": nil, "medium": "CPU"},
+				"token_ids": []any{int8(10), int8(11)}, "block_size": int8(16), "lora_id": nil, "medium": "CPU", "lora_name": nil},
 			map[string]any{"type": "BlockRemoved", "block_hashes": []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "medium": "CPU"},
 			map[string]any{"type": "AllBlocksCleared"},
 		}}},

@@ -19,9 +19,9 @@ import (
 // (a third element is the DP rank); every event is an array whose first element is its type
 // name, BlockStored [type, hashes, parent or nil, []uint32 token ids, int block size, lora
 // id or nil, medium] and BlockRemoved [type, hashes, medium], of exactly that length
-// (vmihailenco/msgpack refuses an array-encoded struct of another length: vLLM's newer
-// trailing lora_name must be left out when nil, as msgspec's omit_defaults does); older
-// releases want uint64 hashes. It indexes (model, hash) -> pod. The types below decode as
+// (vmihailenco/msgpack refuses an array-encoded struct of another length: the array
+// layout ends at medium, as older vLLM's did, unless a LoRA name is set); older releases
+// want uint64 hashes. It indexes (model, hash) -> pod. The types below decode as
 // strictly: a map, bytes where a uint64 is wanted, or another length fails the test.
 type llmdStored struct {
 	_         struct{} `msgpack:",array"`
