@@ -56,10 +56,12 @@ def _decoder(layout: str):
     def rebuild(cls, array_like, **kw):
         fields = []
         for f in msgspec.structs.fields(cls):
-            if f.required:
+            # Older, array_like vLLM's BlockStored ended at medium: dfkv's array layout
+            # leaves a nil lora_name out (llm-d decodes that exact length).
+            if f.required and not (array_like and f.name == "lora_name"):
                 fields.append((f.name, f.type))
             else:
-                fields.append((f.name, f.type, f.default))
+                fields.append((f.name, f.type, None if f.required else f.default))
         return msgspec.defstruct(cls.__name__, fields, array_like=array_like, omit_defaults=True, **kw)
 
     stored = rebuild(kv_events.BlockStored, event_array, tag=True)

@@ -7,8 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,15 +26,18 @@ import (
 )
 
 // runEvents prints the KV events of every node of a group (their kv_events endpoints from
-// the MDS topology) or of the given endpoints, one line per event, and the gaps in each
+// the MDS topology, re-read every --refresh so that nodes that join, leave or move are
+// followed) or of the given endpoints, one line per event, and the gaps and restarts in each
 // node's sequence (docs/EVENTS.md).
 func runEvents(argv []string, g clusterFlags, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dfkvctl events", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&g.mds, "mds", g.mds, "MDS replicas host:port[,...]: follow every node of --group")
 	fs.StringVar(&g.group, "group", g.group, "MDS group")
+	fs.DurationVar(&g.timeout, "timeout", g.timeout, "deadline per MDS request")
 	endpoints := fs.String("endpoint", "", "instead of --mds: KV-event PUB endpoints tcp://host:port[,...]")
 	duration := fs.Duration("duration", 0, "stop after this long (0 = until interrupted)")
+	refresh := fs.Duration("refresh", 2*time.Second, "with --mds: re-read the topology this often (nodes joining, leaving, moving)")
 	if err := fs.Parse(argv); err != nil {
 		return exitError
 	}
@@ -44,12 +49,18 @@ func runEvents(argv []string, g clusterFlags, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "dfkvctl:", err)
 		return exitError
 	}
-	type src struct{ name, ep string }
-	var srcs []src
+	if *refresh <= 0 {
+		fmt.Fprintln(stderr, "dfkvctl: --refresh must be positive")
+		return exitError
+	}
+	var discover func() (map[string]string, error)
 	if *endpoints != "" {
+		static := map[string]string{}
 		for _, ep := range strings.Split(*endpoints, ",") {
-			srcs = append(srcs, src{strings.TrimPrefix(ep, "tcp://"), strings.TrimSpace(ep)})
+			ep = strings.TrimSpace(ep)
+			static[strings.TrimPrefix(ep, "tcp://")] = ep
 		}
+		discover = func() (map[string]string, error) { return static, nil }
 	} else {
 		eps, err := mdsclient.ParseEndpoints(g.mds)
 		if err != nil {
@@ -61,25 +72,24 @@ func runEvents(argv []string, g clusterFlags, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "dfkvctl:", err)
 			return exitError
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), g.timeout*time.Duration(len(eps)+1))
-		resp, _, err := rpc.Call(ctx, &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: g.group})
-		cancel()
-		rpc.Close()
-		if err != nil {
-			fmt.Fprintln(stderr, "dfkvctl:", err)
-			return exitError
-		}
-		for _, m := range resp.Topology.Members {
-			for _, kv := range m.Config {
-				if kv.Key == wire.MemberKVEventsKey {
-					srcs = append(srcs, src{m.ID, kv.Value})
-				}
-			}
+		defer rpc.Close()
+		discover = func() (map[string]string, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), g.timeout*time.Duration(len(eps)+1))
+			defer cancel()
+			return topologyStreams(ctx, rpc, g.group)
 		}
 	}
-	if len(srcs) == 0 {
-		fmt.Fprintln(stderr, "dfkvctl: no node publishes KV events (start dfkv_server with --kv-events)")
+	srcs, err := discover()
+	if err != nil {
+		fmt.Fprintln(stderr, "dfkvctl:", err)
 		return exitError
+	}
+	if len(srcs) == 0 && *endpoints != "" {
+		fmt.Fprintln(stderr, "dfkvctl: no endpoint given")
+		return exitError
+	}
+	if len(srcs) == 0 {
+		fmt.Fprintln(stderr, "dfkvctl: no node publishes KV events yet (dfkv_server --kv-events); waiting for one")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -88,38 +98,130 @@ func runEvents(argv []string, g clusterFlags, stdout, stderr io.Writer) int {
 		ctx, cancel = context.WithTimeout(ctx, *duration)
 		defer cancel()
 	}
-	var mu sync.Mutex // one line at a time
-	var wg sync.WaitGroup
-	for _, s := range srcs {
-		sub := zmq4.NewSub(ctx)
-		if err := sub.Dial(s.ep); err != nil {
-			fmt.Fprintf(stderr, "dfkvctl: %s (%s): %v\n", s.name, s.ep, err)
+	f := &followers{ctx: ctx, out: stdout, running: map[string]*follower{}}
+	defer f.stopAll()
+	tick := time.NewTicker(*refresh)
+	defer tick.Stop()
+	for {
+		f.sync(srcs)
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-tick.C:
+		}
+		if *endpoints != "" {
 			continue
 		}
-		_ = sub.SetOption(zmq4.OptionSubscribe, "")
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer sub.Close()
-			var last int64 = -1
-			for {
-				msg, err := sub.Recv()
-				if err != nil {
-					return
-				}
-				lines, seq := formatFrames(s.name, msg.Frames, last)
-				last = seq
-				mu.Lock()
-				for _, l := range lines {
-					fmt.Fprintln(stdout, l)
-				}
-				mu.Unlock()
-			}
-		}()
+		if next, err := discover(); err != nil {
+			f.println(fmt.Sprintf("-\tMDS\ttopology not read (%v): following the last known nodes", err))
+		} else {
+			srcs = next
+		}
 	}
-	<-ctx.Done()
-	wg.Wait()
-	return exitOK
+}
+
+// topologyStreams lists group's members that publish KV events: node id -> endpoint.
+func topologyStreams(ctx context.Context, rpc *mdsclient.Client, group string) (map[string]string, error) {
+	resp, _, err := rpc.Call(ctx, &wire.MdsRequest{Op: fb.MdsOpListTopology, Group: group})
+	if err != nil {
+		return nil, fmt.Errorf("list topology: %w", err)
+	}
+	out := map[string]string{}
+	for _, m := range resp.Topology.Members {
+		for _, kv := range m.Config {
+			if kv.Key == wire.MemberKVEventsKey {
+				out[m.ID] = kv.Value
+			}
+		}
+	}
+	return out, nil
+}
+
+// followers keeps one subscriber per node in step with the discovered streams.
+type followers struct {
+	ctx     context.Context
+	out     io.Writer
+	mu      sync.Mutex // one line at a time
+	running map[string]*follower
+	wg      sync.WaitGroup
+}
+
+type follower struct {
+	ep     string
+	sub    zmq4.Socket
+	cancel context.CancelFunc
+}
+
+func (f *followers) println(lines ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, l := range lines {
+		fmt.Fprintln(f.out, l)
+	}
+}
+
+// sync starts followers for new nodes (or moved endpoints), stops those of nodes that left,
+// and re-sends every subscription: go-zeromq reconnects to a restarted node without
+// replaying it, and a PUB sends nothing to a peer that never subscribed.
+func (f *followers) sync(srcs map[string]string) {
+	for name, fl := range f.running {
+		if ep, ok := srcs[name]; !ok || ep != fl.ep {
+			fl.cancel()
+			delete(f.running, name)
+			f.println(fmt.Sprintf("%s\tLEFT\t%s", name, fl.ep))
+		} else {
+			_ = fl.sub.SetOption(zmq4.OptionSubscribe, "")
+		}
+	}
+	names := make([]string, 0, len(srcs))
+	for n := range srcs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if _, ok := f.running[name]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(f.ctx)
+		// Dial retries until the node answers or it is no longer followed; a dropped
+		// connection is redialled the same way.
+		sub := zmq4.NewSub(ctx, zmq4.WithAutomaticReconnect(true), zmq4.WithDialerMaxRetries(-1),
+			zmq4.WithLogger(log.New(io.Discard, "", 0)))
+		fl := &follower{ep: srcs[name], sub: sub, cancel: cancel}
+		f.running[name] = fl
+		f.wg.Add(1)
+		go f.follow(ctx, name, fl)
+	}
+}
+
+func (f *followers) follow(ctx context.Context, name string, fl *follower) {
+	defer f.wg.Done()
+	defer fl.sub.Close()
+	if err := fl.sub.Dial(fl.ep); err != nil {
+		if ctx.Err() == nil {
+			f.println(fmt.Sprintf("%s\tERROR\t%s: %v", name, fl.ep, err))
+		}
+		return
+	}
+	_ = fl.sub.SetOption(zmq4.OptionSubscribe, "")
+	f.println(fmt.Sprintf("%s\tFOLLOW\t%s", name, fl.ep))
+	var last int64 = -1
+	for {
+		msg, err := fl.sub.Recv()
+		if err != nil || ctx.Err() != nil {
+			return
+		}
+		lines, seq := formatFrames(name, msg.Frames, last)
+		last = seq
+		f.println(lines...)
+	}
+}
+
+func (f *followers) stopAll() {
+	for _, fl := range f.running {
+		fl.cancel()
+	}
+	f.wg.Wait()
 }
 
 // formatFrames renders one [topic, seq, payload] message of node, given the previous
@@ -130,7 +232,10 @@ func formatFrames(node string, f [][]byte, last int64) ([]string, int64) {
 	}
 	seq := int64(binary.BigEndian.Uint64(f[1]))
 	var lines []string
-	if last >= 0 && seq != last+1 {
+	switch {
+	case last >= 0 && seq <= last:
+		lines = append(lines, fmt.Sprintf("%s\tRESTART\tsequence %d after %d (the node restarted: resync)", node, seq, last))
+	case last >= 0 && seq != last+1:
 		lines = append(lines, fmt.Sprintf("%s\tGAP\tmissed seq %d..%d (dropped or lost: resync)", node, last+1, seq-1))
 	}
 	var batch any

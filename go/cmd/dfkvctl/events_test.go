@@ -39,6 +39,10 @@ func TestFormatFrames(t *testing.T) {
 	if len(lines) != 2 || !strings.Contains(lines[0], "GAP\tmissed seq 4..6") || !strings.Contains(lines[1], "BlockRemoved\thashes=5") {
 		t.Fatalf("gap lines %q", lines)
 	}
+	lines, seq := formatFrames("n1", frames(t, 0, []any{1.0, []any{[]any{"AllBlocksCleared"}}, 0}), 7)
+	if seq != 0 || len(lines) != 2 || !strings.Contains(lines[0], "RESTART\tsequence 0 after 7") || !strings.Contains(lines[1], "AllBlocksCleared") {
+		t.Fatalf("restart lines %q", lines)
+	}
 	if lines, _ := formatFrames("n1", [][]byte{{1}}, 0); !strings.Contains(lines[0], "malformed") {
 		t.Fatalf("malformed: %q", lines)
 	}

@@ -140,7 +140,7 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 	reg := cli.NewRegistry("dfkv_server_build_info", "Build and configuration of this node.", "engine", o.engine)
 	var events *kvevents.Publisher
 	if o.events.endpoint != "" && len(dirs) > 0 {
-		pub, wrap, err := startEvents(o.events, net.JoinHostPort(o.host, strconv.Itoa(o.port)), freshStart(o.engine, dirs), dirs[0], reg, log)
+		pub, wrap, err := startEvents(o.events, eventNode(o.events, o.mds.advert, net.JoinHostPort(o.host, strconv.Itoa(o.port))), freshStart(o.engine, dirs), dirs[0], reg, log)
 		if err != nil {
 			return err
 		}
@@ -250,8 +250,8 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 		"cap", int64(o.capacity), "version", version.Version, "tls", sec.TLS != nil, "auth_tokens", sec.Tokens != nil)
 
 	if events != nil {
-		events.Start(addr)
-		o.mds.extra = eventMemberConfig(events)
+		events.Start(eventNode(o.events, o.mds.advert, addr)) // the bound port, for a --port 0
+		o.mds.extra = eventMemberConfig(events, o.events, o.mds.advert)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

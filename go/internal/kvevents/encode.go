@@ -194,6 +194,12 @@ func (e *encoder) event(ev *Event) error {
 	default:
 		return fmt.Errorf("event kind %d", ev.Kind)
 	}
+	// The array layout is older vLLM's BlockStored, which ended at medium: without a LoRA
+	// name it stops there too, since llm-d's indexer decodes arrays of exactly that length
+	// and drops longer ones. (vLLM 0.33's tagged map requires lora_name: always written.)
+	if ev.Kind == Stored && ev.Tag.LoraName == "" && !e.layout.eventMap() {
+		fields = fields[:len(fields)-1]
+	}
 	// msgspec's tag: the class name, first in an array, under "type" in a map.
 	if e.layout.eventMap() {
 		if err := m.EncodeMapLen(len(fields) + 1); err != nil {

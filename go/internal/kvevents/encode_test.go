@@ -23,7 +23,7 @@ func TestEncodeLayouts(t *testing.T) {
 		want   any
 	}{
 		{LayoutArray, []any{1.5, []any{
-			[]any{"BlockStored", []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, int8(5), []any{int8(10), int8(11)}, int8(16), nil, "CPU", nil},
+			[]any{"BlockStored", []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, int8(5), []any{int8(10), int8(11)}, int8(16), nil, "CPU"},
 			[]any{"BlockRemoved", []any{int8(-9), []byte{1, 2}, uint64(1<<64 - 1)}, "CPU"},
 			[]any{"AllBlocksCleared"},
 		}, int8(2)}},
@@ -53,6 +53,24 @@ func TestEncodeLayouts(t *testing.T) {
 				t.Fatalf("(-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// A lora_name is written when set (it is the one field with a default, left out when nil).
+func TestEncodeLoraName(t *testing.T) {
+	tag := sampleTag()
+	tag.LoraName = "adapter"
+	b, err := newEncoder(LayoutArray, "CPU", 0).batch(1, []Event{{Kind: Stored, Tag: tag}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []any
+	if err := msgpack.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	ev := got[1].([]any)[0].([]any)
+	if len(ev) != 8 || ev[7] != "adapter" {
+		t.Fatalf("BlockStored with a lora_name: %v", ev)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"log/slog"
 	"strings"
 	"sync"
@@ -33,6 +35,9 @@ const (
 type Config struct {
 	Endpoint       string // PUB, e.g. tcp://127.0.0.1:5557 (port 0 picks one)
 	ReplayEndpoint string // ROUTER for replay requests; "" = none
+	// Connect lists subscribers that bind, which the publisher dials (llm-d's indexer
+	// binds its SUB, tcp://*:5557, and engines connect to it); redialled when they restart.
+	Connect []string
 	// Topic is the ZMQ topic of every batch; {node} and {model} are replaced by Node and
 	// the tag's model label (batches are split by topic).
 	Topic  string
@@ -61,6 +66,7 @@ type Publisher struct {
 	log      *slog.Logger
 	ch       chan Event
 	pub      zmq4.Socket
+	dialed   []zmq4.Socket // one PUB per Config.Connect endpoint
 	replay   zmq4.Socket
 	cancel   context.CancelFunc
 	done     chan struct{}
@@ -111,6 +117,11 @@ func New(cfg Config) (*Publisher, error) {
 			return nil, err
 		}
 	}
+	for _, ep := range cfg.Connect {
+		if err := checkEndpoint(ep); err != nil {
+			return nil, err
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, log: cfg.Logger, ch: make(chan Event, cfg.QueueLen), cancel: cancel, done: make(chan struct{}), loopDone: make(chan struct{})}
 	p.pub = zmq4.NewPub(ctx, zmq4.WithTimeout(cfg.SendLimit))
@@ -129,6 +140,21 @@ func New(cfg Config) (*Publisher, error) {
 		}
 	}
 	p.metrics(cfg.Registry)
+	for _, ep := range cfg.Connect {
+		// A socket each: go-zeromq redials only the last endpoint a socket dialled. Dial
+		// retries until the subscriber answers or the publisher closes; until then sends
+		// to it go nowhere (a PUB without peers), never blocking.
+		s := zmq4.NewPub(ctx, zmq4.WithTimeout(cfg.SendLimit), zmq4.WithAutomaticReconnect(true),
+			zmq4.WithDialerMaxRetries(-1), zmq4.WithLogger(log.New(io.Discard, "", 0)))
+		p.dialed = append(p.dialed, s)
+		p.wg.Add(1)
+		go func(ep string) {
+			defer p.wg.Done()
+			if err := s.Dial(ep); err != nil && ctx.Err() == nil {
+				p.log.Warn("kv events: dialling a subscriber", "endpoint", ep, "err", err)
+			}
+		}(ep)
+	}
 	if p.replay != nil {
 		p.wg.Add(1)
 		go p.serveReplay()
@@ -306,10 +332,17 @@ func (p *Publisher) send(enc *encoder, topic string, evs []Event) {
 		p.next = (p.next + 1) % len(p.ring)
 	}
 	p.mu.Unlock()
-	if err := p.pub.Send(zmq4.NewMsgFrom([]byte(topic), sb[:], payload)); err != nil {
+	msg := zmq4.NewMsgFrom([]byte(topic), sb[:], payload)
+	if err := p.pub.Send(msg); err != nil {
 		p.mErrors.Inc()
 		p.log.Debug("kv events: publishing a batch", "seq", seq, "err", err)
 		return
+	}
+	for _, s := range p.dialed {
+		if err := s.Send(msg); err != nil {
+			p.mErrors.Inc()
+			p.log.Debug("kv events: publishing a batch to a dialled subscriber", "seq", seq, "err", err)
+		}
 	}
 	p.mBatches.Inc()
 	p.mEvents.Add(float64(len(evs)))
@@ -381,6 +414,9 @@ func (p *Publisher) Close() error {
 			p.log.Warn("kv events: publisher did not drain in 3s")
 		}
 		err = errors.Join(p.pub.Close(), closeIf(p.replay))
+		for _, s := range p.dialed {
+			err = errors.Join(err, s.Close())
+		}
 		p.cancel()
 		p.wg.Wait()
 	})

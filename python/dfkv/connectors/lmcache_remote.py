@@ -235,7 +235,41 @@ class DfkvRemoteConnector(RemoteConnector):
         c = self._client_or_none()
         if c is None or not keys:
             return [False] * len(keys)
-        return c.batch_put([self.object_key(k) for k in keys], [o.byte_array for o in objs])
+        dkeys = [self.object_key(k) for k in keys]
+        oks = c.batch_put(dkeys, [o.byte_array for o in objs])
+        safe_call("LMCache tag", None, self._tag_chunks, c, keys, dkeys, objs, oks)
+        return oks
+
+    def _tag_chunks(self, c: Any, keys: List[Any], dkeys: List[bytes], objs: List[Any], oks: List[bool]) -> None:
+        """Attach LMCache's chunk hash to every stored chunk, as LMCache's own KV events
+        (CacheStoreEvent) carry it: a node with --kv-events then publishes BlockStored /
+        BlockRemoved under it (docs/EVENTS.md). The keys of one batch are consecutive chunks
+        of a request, so chunk i's parent is chunk i-1. A layer-wise chunk is tagged once
+        (its layer 0). Best effort, like every tag."""
+        import dfkv
+
+        def h(k: Any) -> Any:
+            v = getattr(k, "chunk_hash", k)
+            if isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < (1 << 64):
+                return v
+            return bytes(v) if isinstance(v, (bytes, bytearray)) else page_hash_bytes(v)
+
+        tags = []
+        for i, (k, dk, obj, ok) in enumerate(zip(keys, dkeys, objs, oks)):
+            if not ok or getattr(k, "layer_id", None) not in (None, 0):
+                continue
+            hs = h(k)
+            parent = h(keys[i - 1]) if i > 0 else None
+            if parent is not None and isinstance(parent, int) != isinstance(hs, int):
+                parent = None
+            try:
+                tokens = int(obj.get_num_tokens())
+            except Exception:  # a memory object without token metadata: the chunk size
+                tokens = int(getattr(self.metadata, "chunk_size", 0) or 0)
+            tags.append(dfkv.Tag(key=dk, block_hashes=[hs], parent=parent, block_size=tokens,
+                                 model=str(getattr(k, "model_name", None) or self.cfg.model or "")))
+        if tags:
+            c.tag(tags)
 
     async def _run(self, what: str, default: Any, fn: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()

@@ -378,7 +378,28 @@ class DfkvHiCacheStorage(HiCacheStorage):
             oks = put_segments(c, [dkeys[i] for i in todo], [segs[i] for i in todo])
             for i, ok in zip(todo, oks):
                 out[i] = ok
+            if geom.name == KV_POOL:  # the sidecar pools' pages share the KV page's hash
+                safe_call("HiCache tag", None, self._tag_pages, c, keys, dkeys,
+                          [i for i, ok in zip(todo, oks) if ok], geom.page_tokens)
         return out
+
+    def _tag_pages(self, c: Any, keys: List[Any], dkeys: List[bytes], stored: List[int], page_tokens: int) -> None:
+        """Attach SGLang's block hash to every stored page, as SGLang's own KV events carry
+        it (``hash_str_to_int64`` of the page hash; docs/EVENTS.md): a node with --kv-events
+        then publishes BlockStored/BlockRemoved for it. The keys of one call are a page chain
+        (the controller slices a node's hash chain), so page i's parent is page i-1. Pages
+        stored under an extra key or cache salt publish SGLang's storage hash, which SGLang
+        namespaces differently in its own events. Best effort, like every tag."""
+        import dfkv
+
+        hs = [_event_hash(k) for k in keys]
+        tags = []
+        for i in stored:
+            parent = hs[i - 1] if i > 0 and type(hs[i - 1]) is type(hs[i]) else None
+            tags.append(dfkv.Tag(key=dkeys[i], block_hashes=[hs[i]], parent=parent, model=self.model,
+                                 block_size=page_tokens))
+        if tags:
+            c.tag(tags)
 
     def _io_get(self, geom: Optional[_PoolGeom], keys: List[Any], host_indices: Any) -> List[bool]:
         n = len(keys)
@@ -496,7 +517,12 @@ class DfkvHiCacheStorage(HiCacheStorage):
             c = self._client.get()
             if c is None:
                 return False
-            return all(c.batch_put([self._flat_key(k) for k in keys], bufs))
+            dkeys = [self._flat_key(k) for k in keys]
+            oks = c.batch_put(dkeys, bufs)
+            tokens = int(getattr(self.mem_pool_host, "page_size", 0) or 0)
+            safe_call("HiCache tag", None, self._tag_pages, c, keys, dkeys,
+                      [i for i, ok in enumerate(oks) if ok], tokens)
+            return all(oks)
 
         return safe_call("HiCache batch_set", False, run)
 
@@ -602,6 +628,25 @@ class DfkvHiCacheStorage(HiCacheStorage):
     def client(self) -> Any:
         """The open ``dfkv.Client`` (None before the first I/O); for tests and diagnostics."""
         return self._client.peek()
+
+
+def _event_hash(key: Any) -> Any:
+    """The block hash SGLang's KV events publish for a page hash (its own
+    ``hash_str_to_int64``: the first 64 bits of the SHA-256 hex, as int64); a key that is
+    not a hex digest is published as its bytes."""
+    if isinstance(key, str):
+        try:
+            from sglang.srt.mem_cache.utils import hash_str_to_int64
+        except ImportError:  # pragma: no cover - older SGLang: the same rule
+            def hash_str_to_int64(h: str) -> int:
+                v = int(h[:16], 16)
+                return v - (1 << 64) if v >= 1 << 63 else v
+        try:
+            int(key[:16], 16)
+            return hash_str_to_int64(key)
+        except ValueError:
+            pass
+    return page_hash_bytes(key)
 
 
 def _pool_buffers(pool: Any) -> List[Any]:

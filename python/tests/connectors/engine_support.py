@@ -601,3 +601,56 @@ def torch_equal(a: Any, b: Any) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+# ---------------------------------------------------------------------------------------
+# KV events (docs/EVENTS.md): a dfkv_server with --kv-events and a pyzmq subscriber
+
+
+def events_server(tmp_path_factory, name: str, *extra: str):
+    """Run a dfkv_server publishing KV events; yields (members, PUB endpoint)."""
+    import socket
+
+    from conftest import _run_server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        pub = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    for addr in _run_server(tmp_path_factory, name, "--kv-events", pub, *extra):
+        yield f"n1={addr}", pub
+
+
+class EventSubscriber:
+    """A pyzmq SUB on a node's stream, decoding every batch with an engine's own msgspec
+    class. ``collect`` gathers the events that ``keep`` accepts until ``done`` holds (or
+    its deadline passes)."""
+
+    def __init__(self, pub: str, batch_type: Any):
+        import msgspec
+        import zmq
+
+        self._ctx = zmq.Context()
+        self.sub = self._ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(pub)
+        self.dec = msgspec.msgpack.Decoder(type=batch_type)
+
+    def __enter__(self) -> "EventSubscriber":
+        import time
+
+        time.sleep(0.5)  # the subscription reaches the publisher
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ctx.destroy(linger=0)
+
+    def collect(self, keep, done, timeout: float = 15.0) -> list:
+        import time
+
+        got: list = []
+        deadline = time.monotonic() + timeout
+        while not done(got) and time.monotonic() < deadline:
+            if self.sub.poll(200):
+                topic, _, payload = self.sub.recv_multipart()
+                got.extend((topic.decode(), ev) for ev in self.dec.decode(payload).events if keep(ev))
+        return got

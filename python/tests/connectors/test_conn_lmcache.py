@@ -23,7 +23,13 @@ pytest.importorskip("lmcache.v1.storage_backend.connector",
                     reason="lmcache is not installed (tools/test.sh installs lmcache==0.5.6 --no-deps)")
 
 import torch  # noqa: E402
-from engine_support import lmcache_connector, lmcache_key, run_engine_script  # noqa: E402
+from engine_support import (  # noqa: E402
+    EventSubscriber,
+    events_server,
+    lmcache_connector,
+    lmcache_key,
+    run_engine_script,
+)
 
 pytestmark = pytest.mark.server
 
@@ -246,3 +252,38 @@ def test_oversized_chunk_refuses_at_start(small_server, tenant):
             lmcache_connector(loop, f"n1={small_server}", tenant)
 
     _run(go)
+
+
+@pytest.fixture(scope="module")
+def events_node(tmp_path_factory):
+    """A dfkv_server publishing KV events: (members, PUB endpoint)."""
+    yield from events_server(tmp_path_factory, "dfkv_server_lmcache_events")
+
+
+def test_stored_chunks_publish_lmcache_chunk_hashes(events_node, tenant):
+    """The connector tags every chunk it stores with LMCache's chunk hash (what LMCache's own
+    CacheStoreEvent carries), chained by parent, with the key's model: the node's events,
+    decoded with vLLM's own classes (how LMCache's events reach routers), name exactly them."""
+    pytest.importorskip("vllm.distributed.kv_events", reason="vllm is not installed (tools/test.sh installs it)")
+    from vllm.distributed import kv_events
+
+    members, pub = events_node
+    base = uuid.uuid4().int & ((1 << 62) - 1)
+    hashes = [base + i for i in range(3)]
+
+    async def put(loop):
+        conn, backend = lmcache_connector(loop, members, tenant)
+        objs = [_filled(backend, conn, i) for i in range(len(hashes))]
+        await conn.batched_put([lmcache_key(h) for h in hashes], objs)
+        await conn.close()
+
+    with EventSubscriber(pub, kv_events.KVEventBatch) as sub:
+        _run(put)
+        got = sub.collect(lambda ev: isinstance(ev, kv_events.BlockStored) and set(ev.block_hashes) & set(hashes),
+                          lambda got: len(got) >= len(hashes))
+    by_hash = {ev.block_hashes[0]: (topic, ev) for topic, ev in got}
+    assert sorted(by_hash) == hashes, got
+    for i, h in enumerate(hashes):
+        topic, ev = by_hash[h]
+        assert ev.parent_block_hash == (hashes[i - 1] if i else None), ev
+        assert ev.block_size == 16 and topic.endswith("@dfkv-test/tiny-model"), (topic, ev)

@@ -21,8 +21,10 @@ pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory",
 
 import torch  # noqa: E402
 from engine_support import (  # noqa: E402
+    EventSubscriber,
     MirrorMHAHostPool,
     MirrorMLAHostPool,
+    events_server,
     page_keys,
     run_engine_script,
     sglang_backend,
@@ -343,3 +345,39 @@ def test_rdma_moves_pages_through_the_registered_host_pool(rdma_members, tenant,
     assert out["dfkv_rdma_mr_adhoc_registrations_total"] == 0 and out["dfkv_rdma_staged_ops_total"] == 0, out
     assert out["dfkv_rdma_mr_pool_registrations_total"] >= 1, out
     assert out["unreg"] == [True] * int(out["dfkv_rdma_mr_pool_registrations_total"]), out
+
+
+@pytest.fixture(scope="module")
+def events_node(tmp_path_factory):
+    """A dfkv_server publishing KV events: (members, PUB endpoint)."""
+    yield from events_server(tmp_path_factory, "dfkv_server_sglang_events")
+
+
+@pytest.mark.parametrize("interface_v1", [1, 0])
+def test_stored_pages_publish_sglang_block_hashes(events_node, tenant, interface_v1):
+    """The backend tags every page it stores with the hash SGLang's own KV events carry
+    (``hash_str_to_int64`` of the page hash, chained by parent) and the model: the node's
+    events, decoded with SGLang's own classes, name exactly those pages, on the model's topic."""
+    from sglang.srt.disaggregation.kv_events import BlockStored, KVEventBatch
+    from sglang.srt.mem_cache.utils import hash_str_to_int64
+
+    members, pub = events_node
+    pool = MirrorMHAHostPool(2, 2, 8, 4, 64)
+    pool.fill(3)
+    b = sglang_backend(members, tenant, pool, extra={"interface_v1": interface_v1})
+    keys = page_keys(tenant, 4)
+    want = [hash_str_to_int64(k) for k in keys]
+    with EventSubscriber(pub, KVEventBatch) as sub:
+        if interface_v1:
+            assert b.batch_set_v1(keys, torch.arange(8, 24)) == [True] * 4
+        else:
+            assert b.batch_set(keys, [torch.randn(256) for _ in keys]) is True
+        got = sub.collect(lambda ev: isinstance(ev, BlockStored) and set(ev.block_hashes) & set(want),
+                          lambda got: len(got) >= len(want))
+    b.close()
+    by_hash = {ev.block_hashes[0]: (topic, ev) for topic, ev in got}
+    assert sorted(by_hash) == sorted(want), got
+    for i, h in enumerate(want):
+        topic, ev = by_hash[h]
+        assert ev.parent_block_hash == (want[i - 1] if i else None), ev
+        assert ev.block_size == 4 and topic.endswith("@dfkv-test/tiny-model"), (topic, ev)
