@@ -180,6 +180,10 @@ func (t *Tier) push(s *slot) {
 	w.mu.Unlock()
 }
 
+// flushCheckedHook, when set (tests only, before New), runs in every flush after its slots
+// were checked current and before they are written, with their stripes' disk locks held.
+var flushCheckedHook func()
+
 // Flush batches: a flusher takes up to flushBatch dirty slots (at most flushBatchBytes, a
 // larger value alone) and writes them with one store.PutFromBatch, so a slab makes their
 // records durable with one table fsync instead of one per value. A flusher takes no more
@@ -312,6 +316,9 @@ func (t *Tier) flush(batch []*slot) {
 		}
 	}
 	if ni > 0 {
+		if hook := flushCheckedHook; hook != nil {
+			hook() // tests: widen the window between the check and the write
+		}
 		store.PutFromBatch(t.backing, items[:ni], errs[:ni])
 	}
 	var failed [flushBatch]error
