@@ -194,6 +194,30 @@ func SetRemovalObserver(e Engine, fn RemovalObserver) bool {
 	return false
 }
 
+// Haser engines answer whether they hold a key without building an error for a miss:
+// write-back asks it on every PUT, and most of those keys are new.
+type Haser interface {
+	// Has reports whether key has a value; err is set only when the engine cannot tell
+	// (closed).
+	Has(key Key) (bool, error)
+}
+
+// Has reports whether e holds key: through Haser when e itself has it (a wrapper may
+// answer Stat differently from what it wraps), else by Stat.
+func Has(e Engine, key Key) (bool, error) {
+	if h, ok := e.(Haser); ok {
+		return h.Has(key)
+	}
+	_, err := e.Stat(key)
+	if err == nil {
+		return true, nil
+	}
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	return false, err
+}
+
 // Toucher engines keep a recency order for eviction. A tier that serves a value from its
 // own copy (the RAM tier's warm hits) calls Touch so that the engine below does not
 // evict a value precisely because it is hot: without it, the disk engine sees only the

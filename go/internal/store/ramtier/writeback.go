@@ -24,7 +24,7 @@ type wbState struct {
 	wg      sync.WaitGroup
 
 	bmu   sync.Mutex
-	bwake chan struct{} // closed and replaced whenever dirty bytes are released
+	bwake chan struct{} // closed and replaced when dirty bytes are released while a PUT waits
 
 	dirty, queued                                     atomic.Int64
 	flushed, dropped, errors, waits, busy, tombstones atomic.Int64
@@ -72,15 +72,15 @@ func (t *Tier) acquireDirty(n int64) error {
 			w.bmu.Unlock()
 			return nil
 		}
-		wake := w.bwake
-		w.bmu.Unlock()
 		if timer == nil {
 			w.waits.Add(1)
-			w.waiting.Add(1)
+			w.waiting.Add(1) // under bmu: a release after the unlock sees it and wakes us
 			defer w.waiting.Add(-1)
 			timer = time.NewTimer(t.cfg.DirtyWait)
 			defer timer.Stop()
 		}
+		wake := w.bwake
+		w.bmu.Unlock()
 		select {
 		case <-wake:
 		case <-timer.C:
@@ -95,8 +95,10 @@ func (t *Tier) releaseDirty(n int64) {
 	w := &t.wb
 	w.bmu.Lock()
 	t.notePressure(w.dirty.Add(-n))
-	close(w.bwake)
-	w.bwake = make(chan struct{})
+	if w.waiting.Load() > 0 { // no channel to make per flushed slot while nobody waits
+		close(w.bwake)
+		w.bwake = make(chan struct{})
+	}
 	w.bmu.Unlock()
 }
 
@@ -140,7 +142,7 @@ func (t *Tier) putBack(key store.Key, st *stripe, sh *shard, size int, fill func
 		s.crc = crc32.Checksum(buf[:size], castagnoli)
 	}
 	st.disk.Lock()
-	if _, err := t.backing.Stat(key); !errors.Is(err, store.ErrNotFound) {
+	if has, err := store.Has(t.backing, key); has || err != nil { // err: cannot tell, so remove
 		if err := t.backing.Remove(key); err != nil && !errors.Is(err, store.ErrNotFound) {
 			st.disk.Unlock()
 			sh.abort(s)
@@ -179,6 +181,10 @@ func (t *Tier) push(s *slot) {
 	w.work.Signal()
 	w.mu.Unlock()
 }
+
+// flushCheckedHook, when set (tests only, before New), runs in every flush after its slots
+// were checked current and before they are written, with their stripes' disk locks held.
+var flushCheckedHook func()
 
 // Flush batches: a flusher takes up to flushBatch dirty slots (at most flushBatchBytes, a
 // larger value alone) and writes them with one store.PutFromBatch, so a slab makes their
@@ -312,6 +318,9 @@ func (t *Tier) flush(batch []*slot) {
 		}
 	}
 	if ni > 0 {
+		if hook := flushCheckedHook; hook != nil {
+			hook() // tests: widen the window between the check and the write
+		}
 		store.PutFromBatch(t.backing, items[:ni], errs[:ni])
 	}
 	var failed [flushBatch]error

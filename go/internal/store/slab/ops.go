@@ -456,6 +456,19 @@ func (e *Engine) Stat(key store.Key) (int64, error) {
 	return 0, fmt.Errorf("slab: stat %s: %w", key.ID, store.ErrNotFound)
 }
 
+// Has implements store.Haser: Stat without an error to build for a miss.
+func (e *Engine) Has(key store.Key) (bool, error) {
+	if err := e.enter(); err != nil {
+		return false, err
+	}
+	defer e.leave()
+	sh := e.shardOf(key)
+	sh.mu.RLock()
+	ok := sh.m[key] != nil
+	sh.mu.RUnlock()
+	return ok, nil
+}
+
 // Remove drops the value from the index at once and makes its tombstone durable; the
 // slot is reused only after every reader pinning it has finished.
 func (e *Engine) Remove(key store.Key) error {
