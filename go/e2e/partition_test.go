@@ -1,10 +1,11 @@
+//go:build linux
+
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/cabi"
+	"github.com/dfkv/dfkv/go/internal/testutil/netpart"
 )
 
 // Partitions with nftables drop rules, in a network namespace this test creates: the test
@@ -45,81 +47,25 @@ func TestPartitions(t *testing.T) {
 	}
 	// Parent: check what the namespace needs, then run this test again inside one. Where
 	// CI is set a missing piece is a failure, not a skip, so CI cannot drop the test.
-	need := func(format string, args ...any) {
-		t.Helper()
-		if os.Getenv("CI") != "" {
-			t.Fatalf(format, args...)
-		}
-		t.Skipf(format, args...)
-	}
-	if os.Geteuid() != 0 {
-		need("partitions need root (a network namespace and nftables rules); run as root or in CI")
-	}
-	for _, bin := range []string{"unshare", "ip", "nft"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			need("partitions need %s on PATH (apt-get install -y util-linux iproute2 nftables): %v", bin, err)
-		}
-	}
-	etcdBinary(t) // fails when etcd is missing
-	if out, err := exec.Command("unshare", "--net", "--", "nft", "add", "table", "inet", "probe").CombinedOutput(); err != nil {
-		need("cannot create a network namespace with an nftables table here: %v %s", err, out)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "unshare", "--net", "--", os.Args[0], "-test.run=^TestPartitions$", "-test.v", "-test.count=1", "-test.timeout=5m")
-	cmd.Env = append(os.Environ(), partitionChildEnv+"=1", "DFKV_BIN_DIR="+binDir)
-	cmd.WaitDelay = 10 * time.Second
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		for sc.Scan() {
-			out.WriteString(sc.Text() + "\n")
+	if err := netpart.Check(ctx); err != nil {
+		if os.Getenv("CI") != "" || !errors.Is(err, netpart.ErrUnavailable) {
+			t.Fatal(err)
 		}
-	}()
-	err := cmd.Wait()
-	pw.Close()
-	<-done
-	t.Log("\n" + out.String())
+		t.Skip(err)
+	}
+	etcdBinary(t) // fails when etcd is missing
+	cmd := netpart.Command(ctx, []string{partitionChildEnv + "=1", "DFKV_BIN_DIR=" + binDir},
+		os.Args[0], "-test.run=^TestPartitions$", "-test.v", "-test.count=1", "-test.timeout=5m")
+	out, err := cmd.CombinedOutput()
+	t.Log("\n" + string(out))
 	if err != nil {
 		t.Fatalf("partition scenario in the namespace: %v", err)
 	}
-	if !strings.Contains(out.String(), "--- PASS: TestPartitions") {
+	if !bytes.Contains(out, []byte("--- PASS: TestPartitions")) {
 		t.Fatal("the namespace run did not report a pass")
 	}
-}
-
-// nft runs one nft command in this namespace.
-func nft(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("nft", args...).CombinedOutput(); err != nil {
-		t.Fatalf("nft %s: %v %s", strings.Join(args, " "), err, out)
-	}
-}
-
-// partRules installs drop rules: in on the input hook, out on the output hook.
-func partRules(t *testing.T, in, out []string) {
-	t.Helper()
-	for _, r := range in {
-		nft(t, "add rule inet "+partTable+" in "+r)
-	}
-	for _, r := range out {
-		nft(t, "add rule inet "+partTable+" out "+r)
-	}
-}
-
-// heal removes every drop rule.
-func heal(t *testing.T) {
-	t.Helper()
-	nft(t, "flush chain inet "+partTable+" in")
-	nft(t, "flush chain inet "+partTable+" out")
 }
 
 type etcdMember struct {
@@ -188,26 +134,6 @@ func startEtcd3(t *testing.T, bin string) []*etcdMember {
 	return ms
 }
 
-// etcdStatus asks one member for its id and the leader it knows (the v3 JSON gateway).
-func etcdStatus(addr string) (id, leader string, err error) {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Post("http://"+addr+"/v3/maintenance/status", "application/json", strings.NewReader("{}"))
-	if err != nil {
-		return "", "", err
-	}
-	defer resp.Body.Close()
-	var st struct {
-		Header struct {
-			MemberID string `json:"member_id"`
-		} `json:"header"`
-		Leader string `json:"leader"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return "", "", fmt.Errorf("status of %s: %w", addr, err)
-	}
-	return st.Header.MemberID, st.Leader, nil
-}
-
 func readyBody(addr string) (int, string) {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + addr + "/readyz")
@@ -220,12 +146,24 @@ func readyBody(addr string) (int, string) {
 }
 
 func partitionScenario(t *testing.T) {
-	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		t.Fatalf("ip link set lo up: %v %s", err, out)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	tbl, err := netpart.Setup(ctx, partTable)
+	if err != nil {
+		t.Fatal(err)
 	}
-	nft(t, "add table inet "+partTable)
-	nft(t, "add chain inet "+partTable+" in { type filter hook input priority 0 ; }")
-	nft(t, "add chain inet "+partTable+" out { type filter hook output priority 0 ; }")
+	drop := func(t *testing.T, in, out []string) {
+		t.Helper()
+		if err := tbl.Drop(ctx, in, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	heal := func(t *testing.T) {
+		t.Helper()
+		if err := tbl.Heal(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	etcd := startEtcd3(t, etcdBinary(t))
 	var etcdEPs []string
@@ -331,7 +269,7 @@ func partitionScenario(t *testing.T) {
 		_, port, _ := strings.Cut(cut.addr, ":")
 		// The node keeps its MDS heartbeats (it dials the MDS; only its data port is cut),
 		// so it stays in the ring: the clients alone must notice, cool it down and miss.
-		partRules(t, []string{"tcp dport " + port + " drop", "tcp sport " + port + " drop"}, nil)
+		drop(t, netpart.PortDrops(port), nil)
 		var theirs []int
 		for i := 0; i < N && len(theirs) < 20; i++ {
 			if owner(hs[0], i) == "n2" {
@@ -392,9 +330,9 @@ func partitionScenario(t *testing.T) {
 		var in []string
 		for _, m := range etcd {
 			_, p, _ := strings.Cut(m.client, ":")
-			in = append(in, "tcp dport "+p+" drop", "tcp sport "+p+" drop")
+			in = append(in, netpart.PortDrops(p)...)
 		}
-		partRules(t, in, nil)
+		drop(t, in, nil)
 		cut := time.Now()
 		for _, m := range []*mdsProc{mA, mB} {
 			waitFor(t, 20*time.Second, m.name+" /readyz 503", func() bool { return httpCode(m.metricsAddr, "/readyz") == 503 })
@@ -435,7 +373,7 @@ func partitionScenario(t *testing.T) {
 		var leader *etcdMember
 		waitFor(t, 20*time.Second, "an etcd leader", func() bool {
 			for _, m := range etcd {
-				id, l, err := etcdStatus(m.client)
+				id, l, err := netpart.EtcdStatus(ctx, m.client)
 				if err == nil && id == l && l != "" {
 					leader = m
 					return true
@@ -445,7 +383,7 @@ func partitionScenario(t *testing.T) {
 		})
 		_, cp, _ := strings.Cut(leader.client, ":")
 		_, pp, _ := strings.Cut(leader.peer, ":")
-		partRules(t, []string{"tcp dport { " + cp + ", " + pp + " } drop"}, []string{"meta skuid " + strconv.Itoa(leader.uid) + " drop"})
+		drop(t, []string{"tcp dport { " + cp + ", " + pp + " } drop"}, []string{"meta skuid " + strconv.Itoa(leader.uid) + " drop"})
 		cut := time.Now()
 		// The other two elect a leader; both MDS replicas must be ready again on them and
 		// membership must keep moving: a join reaches every client.

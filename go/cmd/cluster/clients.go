@@ -230,3 +230,18 @@ func (f *fleet) stop() {
 	wg.Wait()
 	f.wg.Wait()
 }
+
+// libClient is one library client (its own MDS membership and connections) in namespace ns.
+func libClient(eps []string, group, ns string) (*client.MDSMembership, *client.Client, error) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	m, err := client.NewMDSMembership(client.MDSOptions{Endpoints: eps, Group: group, Logger: quiet})
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := client.New(client.Options{Membership: m, Namespace: []byte(ns), Logger: quiet})
+	if err != nil {
+		m.Close()
+		return nil, nil, err
+	}
+	return m, cl, nil
+}

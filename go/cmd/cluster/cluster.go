@@ -4,9 +4,12 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -193,7 +196,13 @@ func (c *cluster) startNodeOnce(ctx context.Context, id string, fresh bool) (*no
 			exited = true
 			return true
 		}
-		return httpStatus("http://"+n.metricsAddr+"/readyz") == 200
+		if httpStatus("http://"+n.metricsAddr+"/readyz") != 200 {
+			return false
+		}
+		// The address file can lag /readyz: a node without its address cannot be cut off.
+		b, _ := os.ReadFile(filepath.Join(c.cfg.dir, "node-"+id, "addr"))
+		n.addr = strings.TrimSpace(string(b))
+		return strings.Contains(n.addr, ":")
 	}); err != nil {
 		return nil, err
 	}
@@ -204,8 +213,6 @@ func (c *cluster) startNodeOnce(ctx context.Context, id string, fresh bool) (*no
 		}
 		return nil, fmt.Errorf("%s exited before it was ready: %s", id, strings.TrimSpace(string(b)))
 	}
-	b, _ := os.ReadFile(filepath.Join(c.cfg.dir, "node-"+id, "addr"))
-	n.addr = strings.TrimSpace(string(b))
 	return n, nil
 }
 
@@ -318,4 +325,94 @@ func (c *cluster) stop() {
 	for _, p := range c.etcd {
 		_ = p.signal(syscall.SIGTERM, 10*time.Second)
 	}
+}
+
+// modeFlags is a mode's flag set with the flags every mode shares registered; maxTime is
+// the mode's default bound.
+func (o *options) modeFlags(mode string, stderr io.Writer, maxTime time.Duration) *flag.FlagSet {
+	fs := flag.NewFlagSet("dfkv_cluster "+mode, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.binDir, "bin", "build", "directory with dfkv_server and dfkv_mds")
+	fs.StringVar(&o.etcdBin, "etcd", "etcd", "etcd binary (Debian: etcd-server)")
+	fs.StringVar(&o.dir, "dir", "", "work directory (default: a new temp dir, removed afterwards unless --keep)")
+	fs.StringVar(&o.group, "group", "cluster", "MDS group")
+	fs.StringVar(&o.nodeCap, "node-cap", "64MiB", "each node's --cap")
+	fs.IntVar(&o.nodes, "nodes", 8, "cache nodes (at start)")
+	fs.IntVar(&o.par, "start-par", 8, "node starts in flight at once")
+	fs.DurationVar(&o.maxTime, "max-time", maxTime, "the whole run ends by then")
+	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
+	return fs
+}
+
+// runBounded runs a mode's body with a logger on stderr and a context that ends at
+// --max-time or on SIGINT/SIGTERM, so that the body's deferred stops still end every child.
+func runBounded(o options, stderr io.Writer, body func(context.Context, *slog.Logger) error) int {
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, cancel := context.WithTimeout(context.Background(), o.maxTime)
+	defer cancel()
+	ctx, stopSig := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSig()
+	if err := body(ctx, log); err != nil {
+		fmt.Fprintln(stderr, "dfkv_cluster:", err)
+		return 1
+	}
+	return 0
+}
+
+// bringUp starts what every mode runs on: a three-member etcd, two MDS replicas and
+// o.nodes nodes n000, n001, ... in o.dir (a new temp dir unless --dir). stop ends them and
+// removes the temp dir unless --keep. etcdUID is clusterConfig's.
+func bringUp(ctx context.Context, o options, etcdUID int, log *slog.Logger) (c *cluster, ids []string, stop func(), err error) {
+	var undo []func()
+	stopAll := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stopAll()
+		}
+	}()
+	if o.dir == "" {
+		d, err := os.MkdirTemp("", "dfkv-cluster-")
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		o.dir = d
+		if !o.keep {
+			undo = append(undo, func() { os.RemoveAll(d) })
+		}
+	}
+	if etcdUID > 0 { // the etcd members' uids reach their dirs
+		if err := os.Chmod(o.dir, 0o755); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	bin, err := filepath.Abs(o.binDir)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for _, b := range []string{"dfkv_server", "dfkv_mds"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			return nil, nil, nil, fmt.Errorf("%s not in --bin %s (tools/build.sh builds it): %w", b, bin, err)
+		}
+	}
+	log.Info("starting etcd (3 members) and the MDS replicas", "dir", o.dir)
+	c, err = startCluster(ctx, clusterConfig{binDir: bin, etcdBin: o.etcdBin, dir: o.dir, group: o.group, nodeCap: o.nodeCap,
+		mdsReplicas: 2, etcdUID: etcdUID, log: log})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	undo = append(undo, c.stop)
+	ids = make([]string, o.nodes)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("n%03d", i)
+	}
+	t0 := time.Now()
+	if err := c.startNodes(ctx, ids, o.par); err != nil {
+		return nil, nil, nil, err
+	}
+	log.Info("nodes registered", "nodes", o.nodes, "took", time.Since(t0).Round(time.Millisecond))
+	return c, ids, stopAll, nil
 }

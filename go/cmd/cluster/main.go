@@ -25,14 +25,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -63,23 +60,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	o := options{}
-	fs := flag.NewFlagSet("dfkv_cluster membership", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.binDir, "bin", "build", "directory with dfkv_server and dfkv_mds")
-	fs.StringVar(&o.etcdBin, "etcd", "etcd", "etcd binary (Debian: etcd-server)")
-	fs.StringVar(&o.dir, "dir", "", "work directory (default: a new temp dir, removed afterwards unless --keep)")
-	fs.StringVar(&o.group, "group", "cluster", "MDS group")
-	fs.StringVar(&o.nodeCap, "node-cap", "64MiB", "each node's --cap")
-	fs.IntVar(&o.nodes, "nodes", 8, "cache nodes at start")
+	fs := o.modeFlags("membership", stderr, 15*time.Minute)
 	fs.IntVar(&o.clients, "clients", 50, "simulated registered clients (light: protocol only)")
 	fs.IntVar(&o.full, "full", 10, "library clients (client.MDSMembership, building rings) among them")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of join, drain, death (and rejoin of the dead node)")
-	fs.IntVar(&o.par, "start-par", 8, "node starts in flight at once")
 	fs.DurationVar(&o.idle, "idle", 30*time.Second, "idle window for MDS CPU and client bytes")
 	fs.DurationVar(&o.longPoll, "long-poll", 10*time.Second, "light clients' long-poll wait (the library default)")
-	fs.DurationVar(&o.maxTime, "max-time", 15*time.Minute, "the whole run ends by then")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the report as JSON")
-	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -87,24 +74,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "dfkv_cluster: want --nodes >= 2, --clients >= 1, 0 <= --full <= --clients, --rounds >= 1")
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, cancel := context.WithTimeout(context.Background(), o.maxTime)
-	defer cancel()
-	ctx, stopSig := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stopSig()
-	rep, err := membership(ctx, o, log)
-	if err != nil {
-		fmt.Fprintln(stderr, "dfkv_cluster:", err)
-		return 1
-	}
-	if o.jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
-	} else {
+	return runBounded(o, stderr, func(ctx context.Context, log *slog.Logger) error {
+		rep, err := membership(ctx, o, log)
+		if err != nil {
+			return err
+		}
+		if o.jsonOut {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(rep)
+		}
 		rep.print(stdout)
-	}
-	return 0
+		return nil
+	})
 }
 
 // eventResult is one membership change as the clients saw it.
@@ -131,40 +113,11 @@ type report struct {
 }
 
 func membership(ctx context.Context, o options, log *slog.Logger) (*report, error) {
-	if o.dir == "" {
-		d, err := os.MkdirTemp("", "dfkv-cluster-")
-		if err != nil {
-			return nil, err
-		}
-		o.dir = d
-		if !o.keep {
-			defer os.RemoveAll(d)
-		}
-	}
-	bin, err := filepath.Abs(o.binDir)
+	c, ids, stop, err := bringUp(ctx, o, 0, log)
 	if err != nil {
 		return nil, err
 	}
-	for _, b := range []string{"dfkv_server", "dfkv_mds"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			return nil, fmt.Errorf("%s not in --bin %s (tools/build.sh builds it): %w", b, bin, err)
-		}
-	}
-	log.Info("starting etcd (3 members) and the MDS replicas", "dir", o.dir)
-	c, err := startCluster(ctx, clusterConfig{binDir: bin, etcdBin: o.etcdBin, dir: o.dir, group: o.group, nodeCap: o.nodeCap, mdsReplicas: 2, log: log})
-	if err != nil {
-		return nil, err
-	}
-	defer c.stop()
-	ids := make([]string, o.nodes)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("n%03d", i)
-	}
-	t0 := time.Now()
-	if err := c.startNodes(ctx, ids, o.par); err != nil {
-		return nil, err
-	}
-	log.Info("nodes registered", "nodes", o.nodes, "took", time.Since(t0).Round(time.Millisecond))
+	defer stop()
 	// Baseline: the replicas' own CPU (etcd probes, gauges) with the nodes and no clients.
 	cpuB := c.mdsCPU()
 	select {

@@ -5,17 +5,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +20,7 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/internal/testutil/netpart"
 )
 
 // partition cuts links with nftables drop rules in a network namespace of its own (it
@@ -59,22 +56,12 @@ type phaseStats struct {
 
 func partitionMain(args []string, stdout, stderr io.Writer) int {
 	o := partitionOptions{}
-	fs := flag.NewFlagSet("dfkv_cluster partition", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.binDir, "bin", "build", "directory with dfkv_server and dfkv_mds")
-	fs.StringVar(&o.etcdBin, "etcd", "etcd", "etcd binary (Debian: etcd-server)")
-	fs.StringVar(&o.dir, "dir", "", "work directory (default: a new temp dir, removed afterwards unless --keep)")
-	fs.StringVar(&o.group, "group", "cluster", "MDS group")
-	fs.StringVar(&o.nodeCap, "node-cap", "64MiB", "each node's --cap")
-	fs.IntVar(&o.nodes, "nodes", 8, "cache nodes")
+	fs := o.modeFlags("partition", stderr, 10*time.Minute)
 	fs.IntVar(&o.full, "clients", 4, "library clients (each its own MDS membership and connections)")
-	fs.IntVar(&o.par, "start-par", 8, "node starts in flight at once")
 	fs.IntVar(&o.keys, "keys", 5000, "keys of the load")
 	fs.IntVar(&o.valueSize, "value", 1024, "value bytes")
 	fs.IntVar(&o.workers, "workers", 2, "reading goroutines per client")
 	fs.DurationVar(&o.hold, "hold", 10*time.Second, "how long each partition lasts")
-	fs.DurationVar(&o.maxTime, "max-time", 10*time.Minute, "the whole run ends by then")
-	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -83,117 +70,47 @@ func partitionMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if os.Getenv(partitionEnv) == "" {
-		return partitionReexec(args, stdout, stderr)
+		o.maxTime += time.Minute // the child ends by its own --max-time; the minute is for its clean-up
+		return runBounded(o.options, stderr, func(ctx context.Context, _ *slog.Logger) error { return partitionReexec(ctx, args, stdout, stderr) })
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, cancel := context.WithTimeout(context.Background(), o.maxTime)
-	defer cancel()
-	if err := partition(ctx, o, log, stdout); err != nil {
-		fmt.Fprintln(stderr, "dfkv_cluster:", err)
-		return 1
-	}
-	return 0
+	return runBounded(o.options, stderr, func(ctx context.Context, log *slog.Logger) error { return partition(ctx, o, log, stdout) })
 }
 
-// partitionReexec runs this command again in a new network namespace.
-func partitionReexec(args []string, stdout, stderr io.Writer) int {
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(stderr, "dfkv_cluster partition: needs root (a network namespace and nftables rules)")
-		return 1
-	}
-	for _, bin := range []string{"unshare", "ip", "nft"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			fmt.Fprintf(stderr, "dfkv_cluster partition: %s not on PATH (apt-get install -y util-linux iproute2 nftables)\n", bin)
-			return 1
-		}
+// errChildFailed: the run in the namespace failed and has said why on stderr.
+var errChildFailed = errors.New("partition run failed")
+
+// partitionReexec runs this command again in a new network namespace, bounded by ctx (a
+// SIGTERM here reaches the child as SIGTERM: its deferred stops end the cluster).
+func partitionReexec(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if err := netpart.Check(ctx); err != nil {
+		return err
 	}
 	self, err := os.Executable()
 	if err != nil {
-		fmt.Fprintln(stderr, "dfkv_cluster:", err)
-		return 1
+		return err
 	}
-	cmd := exec.Command("unshare", append([]string{"--net", "--", self, "partition"}, args...)...)
-	cmd.Env = append(os.Environ(), partitionEnv+"=1")
+	cmd := netpart.Command(ctx, []string{partitionEnv + "=1"}, self, append([]string{"partition"}, args...)...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Run(); err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			return ee.ExitCode()
+			return fmt.Errorf("%w (exit %d)", errChildFailed, ee.ExitCode())
 		}
-		fmt.Fprintln(stderr, "dfkv_cluster:", err)
-		return 1
-	}
-	return 0
-}
-
-func nftCmd(rule string) error {
-	if out, err := exec.Command("nft", rule).CombinedOutput(); err != nil {
-		return fmt.Errorf("nft %s: %w: %s", rule, err, bytes.TrimSpace(out))
+		return err
 	}
 	return nil
 }
 
 func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.Writer) error {
-	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		return fmt.Errorf("ip link set lo up: %w: %s", err, out)
-	}
-	for _, r := range []string{"add table inet " + partitionTable,
-		"add chain inet " + partitionTable + " in { type filter hook input priority 0 ; }",
-		"add chain inet " + partitionTable + " out { type filter hook output priority 0 ; }"} {
-		if err := nftCmd(r); err != nil {
-			return err
-		}
-	}
-	drop := func(in, out []string) error {
-		for _, r := range in {
-			if err := nftCmd("add rule inet " + partitionTable + " in " + r); err != nil {
-				return err
-			}
-		}
-		for _, r := range out {
-			if err := nftCmd("add rule inet " + partitionTable + " out " + r); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	heal := func() error {
-		if err := nftCmd("flush chain inet " + partitionTable + " in"); err != nil {
-			return err
-		}
-		return nftCmd("flush chain inet " + partitionTable + " out")
-	}
-	if o.dir == "" {
-		d, err := os.MkdirTemp("", "dfkv-cluster-")
-		if err != nil {
-			return err
-		}
-		o.dir = d
-		if !o.keep {
-			defer os.RemoveAll(d)
-		}
-	}
-	if err := os.Chmod(o.dir, 0o755); err != nil { // the etcd members' uids reach their dirs
-		return err
-	}
-	bin, err := filepath.Abs(o.binDir)
+	tbl, err := netpart.Setup(ctx, partitionTable)
 	if err != nil {
 		return err
 	}
-	c, err := startCluster(ctx, clusterConfig{binDir: bin, etcdBin: o.etcdBin, dir: o.dir, group: o.group, nodeCap: o.nodeCap,
-		mdsReplicas: 2, etcdUID: partitionUID, log: log})
+	c, ids, stop, err := bringUp(ctx, o.options, partitionUID, log)
 	if err != nil {
 		return err
 	}
-	defer c.stop()
-	ids := make([]string, o.nodes)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("n%03d", i)
-	}
-	if err := c.startNodes(ctx, ids, o.par); err != nil {
-		return err
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	defer stop()
 	var mems []*client.MDSMembership
 	var cls []*client.Client
 	defer func() {
@@ -207,13 +124,8 @@ func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.W
 		if i%2 == 1 {
 			eps[0], eps[len(eps)-1] = eps[len(eps)-1], eps[0]
 		}
-		m, err := client.NewMDSMembership(client.MDSOptions{Endpoints: eps, Group: o.group, Logger: quiet})
+		m, cl, err := libClient(eps, o.group, "partition")
 		if err != nil {
-			return err
-		}
-		cl, err := client.New(client.Options{Membership: m, Namespace: []byte("partition"), Logger: quiet})
-		if err != nil {
-			m.Close()
 			return err
 		}
 		mems, cls = append(mems, m), append(cls, cl)
@@ -310,7 +222,7 @@ func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.W
 	victim := c.node(ids[len(ids)/2])
 	_, port, _ := strings.Cut(victim.addr, ":")
 	begin("node " + victim.id + " cut off from the clients")
-	if err := drop([]string{"tcp dport " + port + " drop", "tcp sport " + port + " drop"}, nil); err != nil {
+	if err := tbl.Drop(ctx, netpart.PortDrops(port), nil); err != nil {
 		return err
 	}
 	if err := sleep(o.hold); err != nil {
@@ -319,7 +231,7 @@ func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.W
 	if !ringOf(o.nodes)() {
 		note("a client dropped %s from its ring while it kept its MDS lease", victim.id)
 	}
-	if err := heal(); err != nil {
+	if err := tbl.Heal(ctx); err != nil {
 		return err
 	}
 	begin("after the node's heal")
@@ -354,11 +266,11 @@ func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.W
 	var in []string
 	for _, ep := range c.eps {
 		_, p, _ := strings.Cut(ep, ":")
-		in = append(in, "tcp dport "+p+" drop", "tcp sport "+p+" drop")
+		in = append(in, netpart.PortDrops(p)...)
 	}
 	begin("MDS cut off from etcd")
 	cut := time.Now()
-	if err := drop(in, nil); err != nil {
+	if err := tbl.Drop(ctx, in, nil); err != nil {
 		return err
 	}
 	for _, mx := range c.mdsMx {
@@ -375,7 +287,7 @@ func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.W
 			note("client %d changed its ring while the MDS was cut off from etcd (%d members)", i, len(m.View().Members))
 		}
 	}
-	if err := heal(); err != nil {
+	if err := tbl.Heal(ctx); err != nil {
 		return err
 	}
 	begin("after the etcd heal")
@@ -397,7 +309,7 @@ func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.W
 	leader := -1
 	if err := waitUntil(ctx, 30*time.Second, 100*time.Millisecond, "an etcd leader", func() bool {
 		for i, ep := range c.eps {
-			if id, l, err := etcdLeader(ep); err == nil && l != "" && id == l {
+			if id, l, err := netpart.EtcdStatus(ctx, ep); err == nil && l != "" && id == l {
 				leader = i
 				return true
 			}
@@ -410,7 +322,7 @@ func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.W
 	peer := peerPort(c.etcd[leader].args)
 	begin(fmt.Sprintf("etcd leader e%d isolated", leader))
 	cut = time.Now()
-	if err := drop([]string{"tcp dport { " + cp + ", " + peer + " } drop"}, []string{"meta skuid " + strconv.Itoa(partitionUID+leader) + " drop"}); err != nil {
+	if err := tbl.Drop(ctx, []string{"tcp dport { " + cp + ", " + peer + " } drop"}, []string{"meta skuid " + strconv.Itoa(partitionUID+leader) + " drop"}); err != nil {
 		return err
 	}
 	if err := sleep(2 * time.Second); err != nil {
@@ -432,7 +344,7 @@ func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.W
 	if err := sleep(max(o.hold-time.Since(cut), 0)); err != nil {
 		return err
 	}
-	if err := heal(); err != nil {
+	if err := tbl.Heal(ctx); err != nil {
 		return err
 	}
 	begin("after the leader's heal")
@@ -479,26 +391,6 @@ func partition(ctx context.Context, o partitionOptions, log *slog.Logger, w io.W
 		return fmt.Errorf("partitions: %d wrong reads, slowest read %v (bound %v)", wrong, slowest, partitionOpBound)
 	}
 	return nil
-}
-
-// etcdLeader asks one member for its id and the leader it knows (the v3 JSON gateway).
-func etcdLeader(ep string) (id, leader string, err error) {
-	hc := http.Client{Timeout: 2 * time.Second}
-	resp, err := hc.Post("http://"+ep+"/v3/maintenance/status", "application/json", strings.NewReader("{}"))
-	if err != nil {
-		return "", "", err
-	}
-	defer resp.Body.Close()
-	var st struct {
-		Header struct {
-			MemberID string `json:"member_id"`
-		} `json:"header"`
-		Leader string `json:"leader"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return "", "", fmt.Errorf("status of %s: %w", ep, err)
-	}
-	return st.Header.MemberID, st.Leader, nil
 }
 
 // peerPort is the port of an etcd member's --listen-peer-urls.

@@ -7,13 +7,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -41,22 +38,12 @@ type second struct{ hits, misses int64 }
 
 func rollingMain(args []string, stdout, stderr io.Writer) int {
 	o := rollingOptions{}
-	fs := flag.NewFlagSet("dfkv_cluster rolling", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.binDir, "bin", "build", "directory with dfkv_server and dfkv_mds")
-	fs.StringVar(&o.etcdBin, "etcd", "etcd", "etcd binary (Debian: etcd-server)")
-	fs.StringVar(&o.dir, "dir", "", "work directory (default: a new temp dir, removed afterwards unless --keep)")
-	fs.StringVar(&o.group, "group", "cluster", "MDS group")
-	fs.StringVar(&o.nodeCap, "node-cap", "64MiB", "each node's --cap")
-	fs.IntVar(&o.nodes, "nodes", 8, "cache nodes")
-	fs.IntVar(&o.par, "start-par", 8, "node starts in flight at once")
+	fs := o.modeFlags("rolling", stderr, 15*time.Minute)
 	fs.IntVar(&o.keys, "keys", 20000, "keys of the load")
 	fs.IntVar(&o.valueSize, "value", 4096, "value bytes")
 	fs.IntVar(&o.workers, "workers", 4, "load goroutines (one library client)")
 	fs.DurationVar(&o.warm, "warm", 10*time.Second, "load before the restarts (the reference hit ratio)")
 	fs.DurationVar(&o.settle, "settle", 30*time.Second, "load after the last restart")
-	fs.DurationVar(&o.maxTime, "max-time", 15*time.Minute, "the whole run ends by then")
-	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -64,14 +51,7 @@ func rollingMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "dfkv_cluster rolling: want --nodes >= 2, --keys >= 1, --value >= 16, --workers >= 1")
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, cancel := context.WithTimeout(context.Background(), o.maxTime)
-	defer cancel()
-	if err := rolling(ctx, o, log, stdout); err != nil {
-		fmt.Fprintln(stderr, "dfkv_cluster:", err)
-		return 1
-	}
-	return 0
+	return runBounded(o.options, stderr, func(ctx context.Context, log *slog.Logger) error { return rolling(ctx, o, log, stdout) })
 }
 
 func rollValue(dst []byte, key int) {
@@ -85,39 +65,13 @@ func rollValue(dst []byte, key int) {
 }
 
 func rolling(ctx context.Context, o rollingOptions, log *slog.Logger, w io.Writer) error {
-	if o.dir == "" {
-		d, err := os.MkdirTemp("", "dfkv-cluster-")
-		if err != nil {
-			return err
-		}
-		o.dir = d
-		if !o.keep {
-			defer os.RemoveAll(d)
-		}
-	}
-	bin, err := filepath.Abs(o.binDir)
+	c, ids, stop, err := bringUp(ctx, o.options, 0, log)
 	if err != nil {
 		return err
 	}
-	c, err := startCluster(ctx, clusterConfig{binDir: bin, etcdBin: o.etcdBin, dir: o.dir, group: o.group, nodeCap: o.nodeCap, mdsReplicas: 2, log: log})
+	defer stop()
+	mem, cl, err := libClient(c.mdsEP, o.group, "rolling")
 	if err != nil {
-		return err
-	}
-	defer c.stop()
-	ids := make([]string, o.nodes)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("n%03d", i)
-	}
-	if err := c.startNodes(ctx, ids, o.par); err != nil {
-		return err
-	}
-	mem, err := client.NewMDSMembership(client.MDSOptions{Endpoints: c.mdsEP, Group: o.group, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return err
-	}
-	cl, err := client.New(client.Options{Membership: mem, Namespace: []byte("rolling"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		mem.Close()
 		return err
 	}
 	defer mem.Close()
