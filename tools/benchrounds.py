@@ -17,7 +17,6 @@ The helpers (Procs, run_bench, ...) are tools/bench's, passed in as `b`.
 """
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -60,12 +59,8 @@ def run(opts, b):
     found = b.ensure_baselines()
     tmp = tempfile.mkdtemp(prefix="dfkv-rounds-", dir=os.environ.get("TMPDIR", "/tmp"))
     procs = b.Procs()
-
-    def cleanup():
-        procs.stop_all()
-        if not os.environ.get("DFKV_KEEP_TMP"):
-            shutil.rmtree(tmp, ignore_errors=True)
-
+    # tools/bench compare's handling: SIGTERM/SIGINT/SIGHUP stop the servers too.
+    cleanup = b.stop_on_exit(procs, tmp, bool(os.environ.get("DFKV_KEEP_TMP")))
     try:
         return _run(opts, b, procs, tmp, found, base_server, size, budget, rounds, label, burst_n, cold_keys,
                     warm_keys, peer_keys, cold_secs, out, profdir, started)

@@ -247,14 +247,14 @@ tools/readme-python.sh
 step "python: the API reference renders (pdoc, into build/pydoc)"
 tools/pydoc.sh
 
-step "tools/bench report on its fixture (docs/BENCHMARKS.md and the plots)"
+step "tools/bench report on its fixture (docs/BENCHMARKS.md and the plots); bench clean-up on signals"
 # The report draws its plots with matplotlib; the test runs the real command on the result
 # files in tools/testdata/bench-results.
 if ! "$py" -c 'import matplotlib' 2>/dev/null; then
   echo "installing matplotlib (tools/bench report's plots) with pip"
   "$py" -m pip install -q matplotlib
 fi
-"$py" -m pytest -q tools/benchreport_test.py
+"$py" -m pytest -q tools/benchreport_test.py tools/bench_test.py
 
 # --- RDMA on the real verbs stack (tools/rdma-vm; docs/RDMA.md "Verified on rxe"; issue 27) ---
 # A Debian guest under QEMU (TCG where /dev/kvm does not boot it) with the kernel's Soft-RoCE
