@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,9 +43,13 @@ type HotConfig struct {
 	// A key is hot when, over one Interval, its estimated reads k (its reads here times the
 	// copies serving it) reach MinReads and Share of this node's other reads; it then gets
 	// ceil(k / (Share × other)) - 1 replicas, at most MaxReplicas.
-	Interval    time.Duration // default 1s
-	MinReads    int           // default 64
-	Share       float64       // default 0.1
+	Interval time.Duration // default 1s
+	MinReads int           // default 64
+	Share    float64       // default 0.1
+	// Factor: a hot key is also read at least Factor times the node's mean per-key rate
+	// (reads / distinct keys read, estimated), so a node with few keys evenly read never
+	// replicates (default 8).
+	Factor      float64
 	MaxReplicas int           // default 8 (wire.MaxHotReplicas at most)
 	MaxHot      int           // keys replicated from here at once, default 32
 	MaxValue    int           // largest value replicated, default 4 MiB
@@ -67,6 +72,9 @@ func (c *HotConfig) setDefaults() {
 	}
 	if c.Share <= 0 {
 		c.Share = 0.1
+	}
+	if c.Factor <= 0 {
+		c.Factor = 8
 	}
 	if c.MaxReplicas <= 0 {
 		c.MaxReplicas = 8
@@ -93,10 +101,12 @@ func (c *HotConfig) setDefaults() {
 }
 
 const (
-	sketchRows  = 4
-	sketchCols  = 1024 // count-min: 16 KiB, fixed whatever the key count
-	maxCand     = 64   // keys counted exactly once their estimate passes MinReads/4
-	quietRounds = 3    // intervals below the threshold before replicas are taken back
+	sketchRows = 4
+	sketchCols = 1024 // count-min: 16 KiB, fixed whatever the key count
+	// distinctBits estimates the distinct keys read per interval (linear counting, 512 B).
+	distinctBits = 4096
+	maxCand      = 64 // keys counted exactly once their estimate passes MinReads/4
+	quietRounds  = 3  // intervals below the threshold before replicas are taken back
 	// replicaSalt moves replica bytes into a tenant of their own in the engine, so they count
 	// against capacity and are evicted like any value but never answer a normal key.
 	replicaSalt uint64 = 0x9e3779b97f4a7c15
@@ -123,9 +133,11 @@ type Hot struct {
 
 	mu      sync.Mutex
 	sketch  [sketchRows][sketchCols]uint32
-	total   uint64                   // reads this interval
-	cand    map[store.Key]*candidate // exact counts of the warmest keys
-	entries map[store.Key]*hotEntry  // keys with replicas that may still hold
+	seen    [distinctBits / 64]uint64 // linear counting of the distinct keys read
+	total   uint64                    // reads this interval
+	minCand *candidate                // the weakest candidate: replaced by a warmer key
+	cand    map[store.Key]*candidate  // exact counts of the warmest keys
+	entries map[store.Key]*hotEntry   // keys with replicas that may still hold
 
 	rmu  sync.Mutex
 	reps map[store.Key]*replica // replicas held here for other primaries
@@ -135,6 +147,7 @@ type Hot struct {
 }
 
 type candidate struct {
+	key   store.Key
 	reads uint64
 	quiet int
 }
@@ -146,7 +159,7 @@ type hotEntry struct {
 	mu      sync.Mutex
 	want    int
 	holders map[string]time.Time // addr -> latest instant its replica can still be served
-	hint    atomic.Uint64        // replicas<<56 | unix-nano end of the advertised window
+	hint    atomic.Uint64        // replicas<<56 | unix-millisecond end of the advertised window
 }
 
 type replica struct {
@@ -239,13 +252,15 @@ func (h *Hot) Close() {
 	}
 }
 
-func sketchIndex(key store.Key, row int) int {
-	x := key.ID.Hi ^ key.ID.Lo*0x9e3779b97f4a7c15 ^ key.Tenant ^ uint64(row+1)*0xbf58476d1ce4e5b9
+func sketchHash(key store.Key, row int) uint64 {
+	x := key.ID.Hi*0x9e3779b97f4a7c15 + key.ID.Lo*0xc2b2ae3d27d4eb4f + key.Tenant*0x165667b19e3779f9 + uint64(row+1)*0xbf58476d1ce4e5b9
 	x ^= x >> 31
 	x *= 0x94d049bb133111eb
 	x ^= x >> 29
-	return int(x % sketchCols)
+	return x
 }
+
+func sketchIndex(key store.Key, row int) int { return int(sketchHash(key, row) % sketchCols) }
 
 // noteRead counts a primary read of key and returns the hint for its reply.
 func (h *Hot) noteRead(key store.Key) wire.Hot {
@@ -254,6 +269,8 @@ func (h *Hot) noteRead(key store.Key) wire.Hot {
 	}
 	h.mu.Lock()
 	h.total++
+	b := sketchHash(key, sketchRows) % distinctBits
+	h.seen[b/64] |= 1 << (b % 64)
 	if c := h.cand[key]; c != nil {
 		c.reads++
 	} else {
@@ -263,8 +280,8 @@ func (h *Hot) noteRead(key store.Key) wire.Hot {
 			h.sketch[r][i]++
 			est = min(est, h.sketch[r][i])
 		}
-		if int(est) >= h.cfg.MinReads/4 && len(h.cand) < maxCand {
-			h.cand[key] = &candidate{reads: uint64(est)}
+		if int(est) >= h.cfg.MinReads/4 {
+			h.admit(key, uint64(est))
 		}
 	}
 	e := h.entries[key]
@@ -273,12 +290,43 @@ func (h *Hot) noteRead(key store.Key) wire.Hot {
 		return wire.Hot{}
 	}
 	w := e.hint.Load()
-	until := int64(w & (1<<56 - 1))
-	left := until - time.Now().UnixNano()
+	left := int64(w&(1<<56-1)) - time.Now().UnixMilli()
 	if w == 0 || left <= 0 {
 		return wire.Hot{}
 	}
-	return wire.Hot{Replicas: uint8(w >> 56), ValidMS: uint32(left / int64(time.Millisecond))}
+	return wire.Hot{Replicas: uint8(w >> 56), ValidMS: uint32(left)}
+}
+
+// admit makes key a candidate, replacing the weakest one (never a replicated key) when the
+// table is full and key is warmer. Called with h.mu held.
+func (h *Hot) admit(key store.Key, est uint64) {
+	if len(h.cand) >= maxCand {
+		if h.minCand == nil {
+			for _, c := range h.cand {
+				if h.entries[c.key] == nil && (h.minCand == nil || c.reads < h.minCand.reads) {
+					h.minCand = c
+				}
+			}
+		}
+		if h.minCand == nil || h.minCand.reads >= est {
+			return
+		}
+		delete(h.cand, h.minCand.key)
+		h.minCand = nil
+	}
+	h.cand[key] = &candidate{key: key, reads: est}
+}
+
+// distinct estimates the keys read this interval from the linear-counting bitmap.
+func (h *Hot) distinct() float64 {
+	zero := 0
+	for _, w := range h.seen {
+		zero += 64 - bits.OnesCount64(w)
+	}
+	if zero == 0 {
+		zero = 1
+	}
+	return -distinctBits * math.Log(float64(zero)/distinctBits)
 }
 
 // tick ends an interval: it decides which keys want replicas and makes, renews or drops them.
@@ -289,6 +337,7 @@ func (h *Hot) tick() {
 	}
 	var ds []decision
 	h.mu.Lock()
+	mean := float64(h.total) / math.Max(h.distinct(), 1)
 	for key, c := range h.cand {
 		copies := 1
 		if e := h.entries[key]; e != nil {
@@ -297,7 +346,7 @@ func (h *Hot) tick() {
 		k := float64(c.reads) * float64(copies) // the primary sees 1/copies of a spread key
 		other := math.Max(float64(h.total)-float64(c.reads), 1)
 		want := 0
-		if k >= float64(h.cfg.MinReads) {
+		if k >= float64(h.cfg.MinReads) && k >= h.cfg.Factor*mean {
 			want = int(math.Ceil(k/(h.cfg.Share*other))) - 1
 		}
 		want = max(0, min(want, h.cfg.MaxReplicas))
@@ -325,7 +374,8 @@ func (h *Hot) tick() {
 		}
 	}
 	h.sketch = [sketchRows][sketchCols]uint32{}
-	h.total = 0
+	h.seen = [distinctBits / 64]uint64{}
+	h.total, h.minCand = 0, nil
 	h.mu.Unlock()
 	for _, d := range ds {
 		h.refresh(d.key, d.want)
@@ -410,7 +460,7 @@ func (h *Hot) refresh(key store.Key, want int) {
 	// Clients stop reading replicas a quarter lease before the first one expires.
 	if served > 0 {
 		end := until.Add(-h.cfg.Lease / 4)
-		e.hint.Store(uint64(served)<<56 | uint64(end.UnixNano())&(1<<56-1))
+		e.hint.Store(uint64(served)<<56 | uint64(end.UnixMilli()))
 	} else {
 		e.hint.Store(0)
 	}
