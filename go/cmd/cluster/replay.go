@@ -73,7 +73,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.block, "block", 4096, "bytes per block")
 	fs.IntVar(&o.par, "start-par", 8, "node starts in flight at once")
 	fs.BoolVar(&o.hot, "hot", false, "run the nodes with --hot-spread")
-	fs.DurationVar(&o.hotInterval, "hot-interval", 250*time.Millisecond, "the nodes' --hot-interval with --hot")
+	fs.DurationVar(&o.hotInterval, "hot-interval", time.Second, "the nodes' --hot-interval with --hot")
 	fs.DurationVar(&o.maxTime, "max-time", 10*time.Minute, "the whole run ends by then")
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the report as one JSON object")
@@ -242,7 +242,7 @@ func replay(ctx context.Context, o replayOptions, log *slog.Logger) (*replayRepo
 					prefix++
 				}
 				for i := prefix; i < len(items); i++ {
-					if !errors.Is(items[i].Err, client.ErrNotFound) {
+					if items[i].Err != nil && !errors.Is(items[i].Err, client.ErrNotFound) {
 						noteErr(fmt.Errorf("exist: %w", items[i].Err))
 					}
 				}
