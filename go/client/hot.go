@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dfkv/dfkv/go/identity"
@@ -28,7 +29,8 @@ type hotSeen struct {
 type hotTable struct {
 	mu   sync.Mutex
 	keys map[identity.ObjectID]hotSeen
-	salt uint64 // this client's choice among the copies
+	salt uint64        // where this client starts among the copies
+	next atomic.Uint64 // rotation: successive reads go to successive copies
 }
 
 func newHotTable() *hotTable {
@@ -57,7 +59,10 @@ func (t *hotTable) learn(id identity.ObjectID, h wire.Hot) {
 	t.keys[id] = hotSeen{replicas: h.Replicas, until: time.Now().Add(time.Duration(h.ValidMS) * time.Millisecond)}
 }
 
-// pick returns which copy of id this client reads: 0 = the primary, i = the i-th replica.
+// pick returns which copy of id this read goes to: 0 = the primary, i = the i-th replica.
+// Each client rotates over all copies from its own starting point: sticking to one copy per
+// client would spread a key over at most as many nodes as there are clients, and with few
+// engine processes two of them landing on one node made it the busiest (32-node replay).
 func (t *hotTable) pick(id identity.ObjectID) (idx, replicas int) {
 	t.mu.Lock()
 	s, ok := t.keys[id]
@@ -67,6 +72,7 @@ func (t *hotTable) pick(id identity.ObjectID) (idx, replicas int) {
 	}
 	x := (t.salt ^ id.Lo ^ id.Hi*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9
 	x ^= x >> 32
+	x += t.next.Add(1)
 	return int(x % uint64(s.replicas+1)), int(s.replicas)
 }
 

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,7 @@ type replayOptions struct {
 	nodes, clients, limit, block, par           int
 	hot                                         bool
 	hotInterval                                 time.Duration
+	hotMinReads                                 int
 	maxTime                                     time.Duration
 	keep, jsonOut                               bool
 }
@@ -53,6 +55,7 @@ type replayReport struct {
 	BusiestOver   float64   `json:"busiest_over_mean"`
 	ReplicasMade  float64   `json:"replicas_made"`
 	ReplicaReads  float64   `json:"replica_reads"`
+	ReplicaMisses float64   `json:"replica_misses"`
 	Invalidations float64   `json:"replicas_invalidated"`
 	Seconds       float64   `json:"seconds"`
 }
@@ -74,6 +77,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.par, "start-par", 8, "node starts in flight at once")
 	fs.BoolVar(&o.hot, "hot", false, "run the nodes with --hot-spread")
 	fs.DurationVar(&o.hotInterval, "hot-interval", time.Second, "the nodes' --hot-interval with --hot")
+	fs.IntVar(&o.hotMinReads, "hot-min-reads", 16, "the nodes' --hot-min-reads with --hot (low: one loaded machine replays ~100 requests/s)")
 	fs.DurationVar(&o.maxTime, "max-time", 10*time.Minute, "the whole run ends by then")
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the report as one JSON object")
@@ -98,7 +102,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "replay: %d nodes, hot spreading %v, %d requests, %d block refs in %.1fs\n", rep.Nodes, rep.Hot, rep.Requests, rep.BlockRefs, rep.Seconds)
 		fmt.Fprintf(stdout, "hit ratio %.4f (%d hits), errors %d, wrong bytes %d\n", rep.HitRatio, rep.Hits, rep.Errors, rep.WrongBytes)
 		fmt.Fprintf(stdout, "read load (value bytes sent): busiest / mean %.3f; per node %v\n", rep.BusiestOver, rep.NodeSent)
-		fmt.Fprintf(stdout, "replicas made %.0f, replica reads (hit or miss) %.0f, invalidated %.0f\n", rep.ReplicasMade, rep.ReplicaReads, rep.Invalidations)
+		fmt.Fprintf(stdout, "replicas made %.0f, replica reads %.0f (misses %.0f: read again from the primary), invalidated %.0f\n", rep.ReplicasMade, rep.ReplicaReads, rep.ReplicaMisses, rep.Invalidations)
 	}
 	if rep.Errors != 0 || rep.WrongBytes != 0 {
 		return 1
@@ -166,7 +170,8 @@ func replay(ctx context.Context, o replayOptions, log *slog.Logger) (*replayRepo
 	}
 	var nodeArgs []string
 	if o.hot {
-		nodeArgs = []string{"--hot-spread", "--hot-interval", o.hotInterval.String(), "--hot-max-replicas", strconv.Itoa(min(63, max(1, o.nodes-1)))}
+		nodeArgs = []string{"--hot-spread", "--hot-interval", o.hotInterval.String(), "--hot-min-reads", strconv.Itoa(o.hotMinReads),
+			"--hot-max-replicas", strconv.Itoa(min(63, max(1, o.nodes-1)))}
 	}
 	c, err := startCluster(ctx, clusterConfig{binDir: bin, etcdBin: o.etcdBin, dir: o.dir, group: o.group, nodeCap: o.nodeCap, mdsReplicas: 2, nodeArgs: nodeArgs, log: log})
 	if err != nil {
@@ -209,6 +214,7 @@ func replay(ctx context.Context, o replayOptions, log *slog.Logger) (*replayRepo
 			for k, v := range m {
 				tot[k] += v
 			}
+			tot["miss"] += scrapeLabeled("http://"+n.metricsAddr+"/metrics", "dfkv_server_hot_replica_reads_total", `result="miss"`)
 		}
 		return out, tot
 	}
@@ -300,7 +306,7 @@ func replay(ctx context.Context, o replayOptions, log *slog.Logger) (*replayRepo
 	after, tot := sent()
 	rep := &replayReport{Nodes: o.nodes, Hot: o.hot, Requests: len(reqs), BlockRefs: refs.Load(), Hits: hits.Load(),
 		Errors: errs.Load(), WrongBytes: wrong.Load(), Seconds: elapsed.Seconds(),
-		ReplicasMade: tot["dfkv_server_hot_replicas_made_total"], ReplicaReads: tot["dfkv_server_hot_replica_reads_total"], Invalidations: tot["dfkv_server_hot_replicas_invalidated_total"]}
+		ReplicasMade: tot["dfkv_server_hot_replicas_made_total"], ReplicaReads: tot["dfkv_server_hot_replica_reads_total"], ReplicaMisses: tot["miss"], Invalidations: tot["dfkv_server_hot_replicas_invalidated_total"]}
 	if rep.BlockRefs > 0 {
 		rep.HitRatio = float64(rep.Hits) / float64(rep.BlockRefs)
 	}
@@ -322,4 +328,23 @@ func replay(ctx context.Context, o replayOptions, log *slog.Logger) (*replayRepo
 		log.Warn("replay errors", "count", rep.Errors, "first", e)
 	}
 	return rep, nil
+}
+
+// scrapeLabeled sums the samples of family name whose labels contain label (0 if none).
+func scrapeLabeled(url, name, label string) float64 {
+	resp, err := httpc.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	total := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if m := sampleRE.FindStringSubmatch(sc.Text()); m != nil && m[1] == name && strings.Contains(m[2], label) {
+			v, _ := strconv.ParseFloat(m[3], 64)
+			total += v
+		}
+	}
+	return total
 }

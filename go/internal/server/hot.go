@@ -159,7 +159,10 @@ type hotEntry struct {
 	mu      sync.Mutex
 	want    int
 	holders map[string]time.Time // addr -> latest instant its replica can still be served
-	hint    atomic.Uint64        // replicas<<56 | unix-millisecond end of the advertised window
+	// valid: addr -> earliest instant its replica's lease can end (the send time of its last
+	// acknowledged push + lease): a renewal that fails leaves the older copy serving.
+	valid map[string]time.Time
+	hint  atomic.Uint64 // replicas<<56 | unix-millisecond end of the advertised window
 }
 
 type replica struct {
@@ -345,9 +348,19 @@ func (h *Hot) tick() {
 		}
 		k := float64(c.reads) * float64(copies) // the primary sees 1/copies of a spread key
 		other := math.Max(float64(h.total)-float64(c.reads), 1)
+		// Hysteresis: a replicated key stays hot down to half the thresholds, so a key near
+		// them is not dropped and re-made every few intervals (its readers then all return
+		// to the primary at once).
+		bar := 1.0
+		if copies > 1 {
+			bar = 0.5
+		}
 		want := 0
-		if k >= float64(h.cfg.MinReads) && k >= h.cfg.Factor*mean {
+		if k >= bar*float64(h.cfg.MinReads) && k >= bar*h.cfg.Factor*mean {
 			want = int(math.Ceil(k/(h.cfg.Share*other))) - 1
+			if copies > 1 {
+				want = max(want, 1)
+			}
 		}
 		want = max(0, min(want, h.cfg.MaxReplicas))
 		if want == 0 {
@@ -390,7 +403,7 @@ func (h *Hot) entryFor(key store.Key, create bool) *hotEntry {
 	h.mu.Lock()
 	e := h.entries[key]
 	if e == nil && create {
-		e = &hotEntry{holders: map[string]time.Time{}}
+		e = &hotEntry{holders: map[string]time.Time{}, valid: map[string]time.Time{}}
 		h.entries[key] = e
 	}
 	h.mu.Unlock()
@@ -433,8 +446,8 @@ func (h *Hot) refresh(key store.Key, want int) {
 	var until time.Time
 	if len(addrs) > 0 {
 		gen := h.gen.Add(1)
-		prefix := true
 		for _, a := range addrs {
+			sent := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), h.cfg.RPCTimeout)
 			err := h.cfg.Peers.Push(ctx, a, key, gen, h.cfg.Lease, value)
 			cancel()
@@ -444,16 +457,22 @@ func (h *Hot) refresh(key store.Key, want int) {
 			h.holdUntil(e, a, time.Now().Add(h.cfg.Lease))
 			keep[a] = true
 			if err != nil {
-				prefix = false
 				h.log.Debug("hot replica push failed", "addr", a, "id", key.ID, "err", err)
 				continue
 			}
 			h.made.Inc()
-			if prefix {
-				served++
-				if t := e.holders[a]; until.IsZero() || t.Before(until) {
-					until = t
-				}
+			e.valid[a] = sent.Add(h.cfg.Lease)
+		}
+		// The hint names the replicas in ring order up to the first without a valid copy.
+		now := time.Now()
+		for _, a := range addrs {
+			t, ok := e.valid[a]
+			if !ok || t.Before(now.Add(h.cfg.Lease/4)) {
+				break
+			}
+			served++
+			if until.IsZero() || t.Before(until) {
+				until = t
 			}
 		}
 	}
@@ -474,6 +493,7 @@ func (h *Hot) refresh(key store.Key, want int) {
 		if gen == 0 {
 			gen = h.gen.Add(1)
 		}
+		delete(e.valid, a)
 		if h.invalidateOne(a, key, gen) {
 			delete(e.holders, a)
 			h.dropped.Inc()
@@ -528,6 +548,7 @@ func (h *Hot) wrote(key store.Key) {
 	}
 	defer e.mu.Unlock()
 	e.hint.Store(0)
+	clear(e.valid) // the copies hold the old bytes: the next interval makes new ones
 	if h.cfg.NoInvalidate {
 		return
 	}
