@@ -46,9 +46,9 @@ type HotConfig struct {
 	Interval time.Duration // default 1s
 	MinReads int           // default 64
 	Share    float64       // default 0.1
-	// Factor: a hot key is also read at least Factor times the node's mean per-key rate
-	// (reads / distinct keys read, estimated), so a node with few keys evenly read never
-	// replicates (default 8).
+	// Factor: a hot key is also read at least Factor times the mean rate of the node's
+	// other keys (their reads / their estimated count), so a node with few keys evenly read
+	// never replicates, while one dominant key among few others does (default 8).
 	Factor      float64
 	MaxReplicas int           // default 8 (wire.MaxHotReplicas at most)
 	MaxHot      int           // keys replicated from here at once, default 32
@@ -340,7 +340,7 @@ func (h *Hot) tick() {
 	}
 	var ds []decision
 	h.mu.Lock()
-	mean := float64(h.total) / math.Max(h.distinct(), 1)
+	others := math.Max(h.distinct()-1, 1)
 	for key, c := range h.cand {
 		copies := 1
 		if e := h.entries[key]; e != nil {
@@ -356,6 +356,7 @@ func (h *Hot) tick() {
 			bar = 0.5
 		}
 		want := 0
+		mean := (float64(h.total) - float64(c.reads)) / others
 		if k >= bar*float64(h.cfg.MinReads) && k >= bar*h.cfg.Factor*mean {
 			want = int(math.Ceil(k/(h.cfg.Share*other))) - 1
 			if copies > 1 {
