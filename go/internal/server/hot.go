@@ -297,7 +297,11 @@ func (h *Hot) noteRead(key store.Key) wire.Hot {
 	if w == 0 || left <= 0 {
 		return wire.Hot{}
 	}
-	return wire.Hot{Replicas: uint8(w >> 56), ValidMS: uint32(left)}
+	// Clients may keep the hint well past the current copies' lease: renewals extend it while
+	// the key stays hot, and a client that finds a replica gone reads the primary, whose
+	// reply then corrects or withdraws the hint. A short hint sent every reader back to the
+	// primary every lease (the 32-node replay's busiest node).
+	return wire.Hot{Replicas: uint8(w >> 56), ValidMS: uint32(left + 4*h.cfg.Lease.Milliseconds())}
 }
 
 // admit makes key a candidate, replacing the weakest one (never a replicated key) when the
