@@ -42,7 +42,7 @@ func addHotFlags(fs *flag.FlagSet, o *hotOptions) {
 	fs.BoolVar(&o.noInvalidate, "hot-test-no-invalidate", false, "TEST ONLY: writes leave replicas in place (shows why invalidation exists); never in production")
 }
 
-func (o *hotOptions) validate(mds *mdsFlags) error {
+func (o *hotOptions) validate(mds *mdsFlags, rdma bool) error {
 	if !o.on {
 		return nil
 	}
@@ -59,6 +59,9 @@ func (o *hotOptions) validate(mds *mdsFlags) error {
 		return fmt.Errorf("--hot-interval %v: want 10ms..--hot-lease", o.interval)
 	case o.members == "" && mds.endpoints == "":
 		return errors.New("--hot-spread needs the ring: --mds or --hot-members")
+	case rdma:
+		// RDMA writes reach the engine without the TCP path's invalidation of replicas.
+		return errors.New("--hot-spread with --rdma is not supported yet")
 	case mds.fs != nil && mds.flagValue("auth-tokens") != "":
 		// Replica pushes need an admin token between nodes; not wired yet.
 		return errors.New("--hot-spread with --auth-tokens is not supported yet")

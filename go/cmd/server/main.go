@@ -103,7 +103,7 @@ func parse(args []string) (*options, error) {
 	if err := o.events.validate(); err != nil {
 		return nil, err
 	}
-	if err := o.hot.validate(&o.mds); err != nil {
+	if err := o.hot.validate(&o.mds, o.rdma.enable); err != nil {
 		return nil, err
 	}
 	if o.accessLogSample < 1 {
