@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -69,7 +70,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.dir, "dir", "", "work directory (default: a new temp dir, removed afterwards unless --keep)")
 	fs.StringVar(&o.group, "group", "cluster", "MDS group")
 	fs.StringVar(&o.nodeCap, "node-cap", "64MiB", "each node's --cap")
-	fs.StringVar(&o.trace, "trace", "", "JSONL trace (hash_ids per request), e.g. ../shared/data/traces/conversation_trace.jsonl")
+	fs.StringVar(&o.trace, "trace", "", "JSONL trace (hash_ids per request; .gz read as gzip), e.g. testdata/traces/conversation_trace.jsonl.gz")
 	fs.IntVar(&o.nodes, "nodes", 8, "cache nodes")
 	fs.IntVar(&o.clients, "clients", 8, "library clients (engine processes), each replaying every M-th request")
 	fs.IntVar(&o.limit, "limit", 3000, "requests replayed (the trace's first)")
@@ -117,7 +118,16 @@ func loadReplayTrace(path string, limit int) ([][]uint64, error) {
 		return nil, err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") { // testdata/traces keeps the trace compressed
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	var out [][]uint64
 	for sc.Scan() && len(out) < limit {
