@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,7 +49,7 @@ func (o *hotOutcome) bad(counter *atomic.Int64, format string, args ...any) {
 // how the test was shown to catch a replica served after an overwrite.
 func TestHotReplicasFollowWrites(t *testing.T) {
 	breakIt := os.Getenv("DFKV_E2E_HOT_BREAK") == "1"
-	o, madeBefore := runHotScenario(t, breakIt)
+	o, madeBefore := runHotScenario(t, breakIt, false)
 	t.Logf("reads %d, stale %d, wrong %d, misses %d, errors %d, reads after the remove %d; replica hits before each write %v",
 		o.reads.Load(), o.stale.Load(), o.wrong.Load(), o.misses.Load(), o.errs.Load(), o.afterRemove.Load(), madeBefore)
 	if n := o.stale.Load() + o.wrong.Load() + o.misses.Load() + o.errs.Load(); n != 0 {
@@ -61,14 +62,28 @@ func TestHotReplicasFollowWrites(t *testing.T) {
 // requires the checker to see stale reads: the test above would not notice a broken
 // invalidation otherwise.
 func TestHotReplicasCheckerCatchesStale(t *testing.T) {
-	o, _ := runHotScenario(t, true)
+	o, _ := runHotScenario(t, true, false)
 	t.Logf("without invalidation: reads %d, stale %d, wrong %d", o.reads.Load(), o.stale.Load(), o.wrong.Load())
 	if o.stale.Load() == 0 {
 		t.Fatal("no stale read with replica invalidation disabled: the checker or the scenario lost its teeth")
 	}
 }
 
-func runHotScenario(t *testing.T, noInvalidate bool) (*hotOutcome, []float64) {
+// TestHotReplicaPausedDuringOverwrite stops (SIGSTOP) a node holding a replica before the
+// first overwrite: its invalidation cannot be delivered, so the write must wait out the
+// replica's lease before its ack, and the node, resumed after the ack, must not serve the
+// old bytes to anyone.
+func TestHotReplicaPausedDuringOverwrite(t *testing.T) {
+	o, _ := runHotScenario(t, false, true)
+	t.Logf("reads %d, stale %d, wrong %d, misses %d, errors %d", o.reads.Load(), o.stale.Load(), o.wrong.Load(), o.misses.Load(), o.errs.Load())
+	if n := o.stale.Load() + o.wrong.Load() + o.misses.Load() + o.errs.Load(); n != 0 {
+		t.Fatalf("%d bad reads; first: %v", n, o.firstBad.Load())
+	}
+}
+
+// runHotScenario runs the scenario; pause stops the first replica's node across the first
+// overwrite (and checks that the write waited for its lease).
+func runHotScenario(t *testing.T, noInvalidate, pause bool) (*hotOutcome, []float64) {
 	const nodes = 3
 	ports := make([]int, nodes)
 	members := make([]string, nodes)
@@ -216,10 +231,37 @@ func runHotScenario(t *testing.T, noInvalidate bool) (*hotOutcome, []float64) {
 	h := waitHits(0, "at first")
 	for v := 1; v <= hotRounds; v++ {
 		madeBefore = append(madeBefore, h)
+		var paused *serverProc
+		if pause && v == 1 {
+			owners := writer.View().Owners(writer.ID([]byte(hotKey)).Hi, 2)
+			for _, s := range srvs {
+				if len(owners) == 2 && s.addr == owners[1].Addr {
+					paused = s
+				}
+			}
+			if paused == nil {
+				t.Fatalf("no node is the hot key's first replica (%v)", owners)
+			}
+			if err := paused.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
 		if err := writer.Put(ctx, []byte(hotKey), versions[v]); err != nil {
 			t.Fatal(err)
 		}
+		took := time.Since(start)
 		acked.Store(int64(v))
+		if paused != nil {
+			if err := paused.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			// --hot-lease 2s: the write waits until the unreachable replica's lease has ended.
+			if took < time.Second {
+				t.Errorf("overwrite acknowledged after %v with a replica unreachable; want it to wait out the lease", took)
+			}
+			t.Logf("overwrite with a paused replica took %v", took)
+		}
 		h = waitHits(replicaHits(), fmt.Sprintf("after overwrite %d", v))
 	}
 	madeBefore = append(madeBefore, h)
