@@ -273,6 +273,11 @@ func runHotScenario(t *testing.T, noInvalidate, pause bool) (*hotOutcome, []floa
 	time.Sleep(time.Second) // reads after the remove, while the replicas' leases would still run
 	close(stop)
 	wg.Wait()
+	for _, s := range srvs { // servers built with -race report here
+		if l := s.log.String(); strings.Contains(l, "DATA RACE") {
+			t.Errorf("node %s reported a data race:\n%s", s.addr, l)
+		}
+	}
 	if !noInvalidate {
 		inv := 0.0
 		for _, s := range srvs {
