@@ -26,7 +26,8 @@ type Item struct {
 	// the lease ends. A hit past the server's lease budget has Err nil and Leased false.
 	Leased bool
 
-	id identity.ObjectID
+	id      identity.ObjectID
+	replica bool // BatchGet: sent to a hot key's replica (a failure there falls back)
 }
 
 func (it *Item) segs(forGet bool) [][]byte {
@@ -121,25 +122,72 @@ func (c *Client) batchArg(ctx context.Context, op fb.Op, items []Item, flags uin
 		}
 		return err
 	}
-	view := c.opts.Membership.View()
-	groups := map[*peer][]*Item{}
-	var order []*peer
+	all := make([]*Item, 0, len(items))
 	for i := range items {
 		it := &items[i]
-		it.Err, it.N, it.Leased = ErrUnavailable, 0, false
+		it.Err, it.N, it.Leased, it.replica = ErrUnavailable, 0, false, false
 		if err := c.checkItem(op, it); err != nil {
 			it.Err = err
 			continue
 		}
 		it.id = c.ID(it.Key)
-		m, ok := view.Owner(it.id.Hi)
-		if !ok {
-			continue
+		all = append(all, it)
+	}
+	c.runItems(ctx, op, flags, arg, all, op == fb.OpBatchGet)
+	if op == fb.OpBatchGet {
+		// A hot key's replica that missed or failed: the primary answers (never a replica's miss).
+		var again []*Item
+		for _, it := range all {
+			if it.replica {
+				if it.Err == nil {
+					c.m.hotReads.WithLabelValues("hit").Inc()
+				} else {
+					c.m.hotReads.WithLabelValues("fallback").Inc()
+					it.Err, it.N, it.replica = ErrUnavailable, 0, false
+					again = append(again, it)
+				}
+			}
 		}
-		p := c.peerFor(m)
-		if p.cooling() {
-			c.m.fastFails.Inc()
-			continue
+		if len(again) > 0 {
+			c.runItems(ctx, op, flags, arg, again, false)
+		}
+	}
+	var moved int64
+	for i := range items {
+		it := &items[i]
+		c.m.ops[kind][result(it.Err)].Inc()
+		if it.Err == nil && (op == fb.OpBatchGet || op == fb.OpBatchPut) {
+			moved += it.N
+		}
+	}
+	c.m.bytes[kind].Add(float64(moved))
+	c.m.latency[kind].Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// runItems groups items by the peer serving them (a hot key's replica when spread is set)
+// and runs the chunks, the first on the calling goroutine.
+func (c *Client) runItems(ctx context.Context, op fb.Op, flags uint8, arg uint64, items []*Item, spread bool) {
+	view := c.opts.Membership.View()
+	groups := map[*peer][]*Item{}
+	var order []*peer
+	for _, it := range items {
+		var p *peer
+		if spread {
+			if p = c.replicaPeer(it.id); p != nil {
+				it.replica = true
+			}
+		}
+		if p == nil {
+			m, ok := view.Owner(it.id.Hi)
+			if !ok {
+				continue
+			}
+			p = c.peerFor(m)
+			if p.cooling() {
+				c.m.fastFails.Inc()
+				continue
+			}
 		}
 		if _, seen := groups[p]; !seen {
 			order = append(order, p)
@@ -168,17 +216,6 @@ func (c *Client) batchArg(ctx context.Context, op fb.Op, items []Item, flags uin
 		c.runChunk(ctx, op, flags, arg, chunks[0])
 	}
 	wg.Wait()
-	var moved int64
-	for i := range items {
-		it := &items[i]
-		c.m.ops[kind][result(it.Err)].Inc()
-		if it.Err == nil && (op == fb.OpBatchGet || op == fb.OpBatchPut) {
-			moved += it.N
-		}
-	}
-	c.m.bytes[kind].Add(float64(moved))
-	c.m.latency[kind].Observe(time.Since(start).Seconds())
-	return nil
 }
 
 func (c *Client) checkItem(op fb.Op, it *Item) error {
@@ -259,6 +296,9 @@ func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, arg uint64, items [
 			bi.Length = segsLen(it.segs(false))
 		case fb.OpBatchGet:
 			bi.Length, bi.Flags = segsLen(it.segs(true)), flags
+			if it.replica {
+				bi.Flags |= wire.FlagReplica
+			}
 		}
 		b := scratch[i*wire.BatchItemSize : (i+1)*wire.BatchItemSize]
 		bi.Encode(b)
@@ -317,6 +357,9 @@ func (c *Client) chunkOnce(pc *pconn, op fb.Op, flags uint8, arg uint64, items [
 				}
 			}
 			lens[i] = int64(r.PayloadLen)
+			if r.Status == fb.StatusOk && !it.replica {
+				c.hot.learn(it.id, r.Hot)
+			}
 		case fb.OpBatchExist:
 			lens[i] = int64(r.ValueLen)
 		case fb.OpBatchExistLease:

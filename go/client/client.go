@@ -61,6 +61,10 @@ type Options struct {
 	// I/O failure), with the time it ends; the C ABI drops its detached sockets to the
 	// member then (see DialDetached). It must not block.
 	OnPeerCooldown func(addr string, until time.Time)
+	// NoHotSpread reads hot keys from their primary only, ignoring the replicas primaries
+	// advertise (docs/ARCHITECTURE.md "Hot objects"). Spreading needs TCP (RDMA clients
+	// never spread).
+	NoHotSpread bool
 }
 
 // Client is safe for concurrent use.
@@ -70,6 +74,7 @@ type Client struct {
 	m      *clientMetrics
 	pcfg   *peerConfig
 	fanout chan struct{} // batch chunk goroutines in flight (Options.FanoutThreads)
+	hot    *hotTable
 
 	mu     sync.RWMutex
 	peers  map[string]*peer // by address
@@ -124,7 +129,7 @@ func New(opts Options) (*Client, error) {
 	}
 	opts.Namespace = append([]byte(nil), opts.Namespace...)
 	c := &Client{opts: opts, tenant: identity.Tenant(opts.Tenant), m: newClientMetrics(), peers: map[string]*peer{},
-		fanout: make(chan struct{}, opts.FanoutThreads)}
+		fanout: make(chan struct{}, opts.FanoutThreads), hot: newHotTable()}
 	c.pcfg = &peerConfig{dialer: opts.Dialer, connectTimeout: opts.ConnectTimeout, ioTimeout: opts.IOTimeout,
 		cooldown: opts.Cooldown, poolSize: opts.PoolSize, blockingIO: opts.BlockingIO, m: c.m, onCool: opts.OnPeerCooldown,
 		hello: wire.Hello{ProtocolVersion: uint32(wire.ProtocolVersion), MinProtocolVersion: uint32(wire.ProtocolVersion),
@@ -385,42 +390,61 @@ func (c *Client) get(ctx context.Context, key []byte, segs [][]byte, flags uint8
 			c.m.done(op, rerr, int64(rn), start)
 			return rn, rerr
 		}
-		err = c.exec(ctx, p, func(pc *pconn) error {
-			req := wire.Request{Op: fb.OpGet, Flags: flags, Tenant: c.tenant, ID: id, Offset: off, Length: length}
-			if err := pc.send(&req); err != nil {
-				return err
+		if rp := c.replicaPeer(id); rp != nil {
+			var herr error
+			if n, _, herr = c.getOnce(ctx, rp, id, segs, flags|wire.FlagReplica, off, length); herr == nil {
+				c.m.hotReads.WithLabelValues("hit").Inc()
+				c.m.done(op, nil, int64(n), start)
+				return n, nil
 			}
-			resp, err := pc.recv(fb.OpGet)
-			if err != nil {
-				return err
-			}
-			if resp.Status != fb.StatusOk {
-				if resp.PayloadLen != 0 {
-					return fmt.Errorf("%w: payload on a failed get", ErrProtocol)
-				}
-				if resp.Status == fb.StatusInvalid && resp.ValueLen != 0 && flags != 0 {
-					// The value exists but does not fit the caller's size contract.
-					return statusError{fmt.Errorf("dfkv: stored %d bytes, asked %d: %w", resp.ValueLen, length, ErrBufferTooSmall)}
-				}
-				return statusError{statusErr(resp.Status)}
-			}
-			if resp.PayloadLen > length {
-				return fmt.Errorf("%w: %d-byte payload for a %d-byte buffer", ErrProtocol, resp.PayloadLen, length)
-			}
-			if short := flags&wire.FlagExact != 0 && resp.PayloadLen != length; short || (flags != 0 && resp.PayloadLen == 0) {
-				// A hit must fill an exact read, and no stored value is empty: anything else
-				// would report bytes the caller's buffer does not hold.
-				return fmt.Errorf("%w: %d-byte payload for an exact %d-byte read", ErrProtocol, resp.PayloadLen, length)
-			}
-			if err := readSegs(pc, segs, resp.PayloadLen); err != nil {
-				return err
-			}
-			n = resp.PayloadLen
-			return nil
-		})
+			c.m.hotReads.WithLabelValues("fallback").Inc() // a replica miss is never the answer
+		}
+		var hot wire.Hot
+		n, hot, err = c.getOnce(ctx, p, id, segs, flags, off, length)
+		if err == nil {
+			c.hot.learn(id, hot)
+		}
 	}
 	c.m.done(op, err, int64(n), start)
 	return n, err
+}
+
+// getOnce is one GET of id from p over TCP; it returns the reply's hot-object hint.
+func (c *Client) getOnce(ctx context.Context, p *peer, id identity.ObjectID, segs [][]byte, flags uint8, off, length uint64) (n uint64, hot wire.Hot, err error) {
+	err = c.exec(ctx, p, func(pc *pconn) error {
+		req := wire.Request{Op: fb.OpGet, Flags: flags, Tenant: c.tenant, ID: id, Offset: off, Length: length}
+		if err := pc.send(&req); err != nil {
+			return err
+		}
+		resp, err := pc.recv(fb.OpGet)
+		if err != nil {
+			return err
+		}
+		if resp.Status != fb.StatusOk {
+			if resp.PayloadLen != 0 {
+				return fmt.Errorf("%w: payload on a failed get", ErrProtocol)
+			}
+			if resp.Status == fb.StatusInvalid && resp.ValueLen != 0 && flags&(wire.FlagExact|wire.FlagCap) != 0 {
+				// The value exists but does not fit the caller's size contract.
+				return statusError{fmt.Errorf("dfkv: stored %d bytes, asked %d: %w", resp.ValueLen, length, ErrBufferTooSmall)}
+			}
+			return statusError{statusErr(resp.Status)}
+		}
+		if resp.PayloadLen > length {
+			return fmt.Errorf("%w: %d-byte payload for a %d-byte buffer", ErrProtocol, resp.PayloadLen, length)
+		}
+		if short := flags&wire.FlagExact != 0 && resp.PayloadLen != length; short || (flags&(wire.FlagExact|wire.FlagCap) != 0 && resp.PayloadLen == 0) {
+			// A hit must fill an exact read, and no stored value is empty: anything else
+			// would report bytes the caller's buffer does not hold.
+			return fmt.Errorf("%w: %d-byte payload for an exact %d-byte read", ErrProtocol, resp.PayloadLen, length)
+		}
+		if err := readSegs(pc, segs, resp.PayloadLen); err != nil {
+			return err
+		}
+		n, hot = resp.PayloadLen, resp.Hot
+		return nil
+	})
+	return n, hot, err
 }
 
 // readSegs reads n payload bytes straight into segs in order.

@@ -3,6 +3,7 @@ package client
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -56,6 +57,30 @@ func (v *View) Owner(hi uint64) (Member, bool) {
 		return Member{}, false
 	}
 	return v.Members[i], true
+}
+
+// Owners returns up to n distinct members for an object whose id has high half hi: its
+// owner first, then the next distinct owners clockwise on the ring. They are where a hot
+// object's read replicas live (docs/ARCHITECTURE.md "Hot objects"); every client and the
+// primary compute the same list from the same view.
+func (v *View) Owners(hi uint64, n int) []Member {
+	hashes, nodes := v.Ring.Points()
+	if len(hashes) == 0 || n <= 0 {
+		return nil
+	}
+	n = min(n, len(v.Members))
+	i, _ := slices.BinarySearch(hashes, hi)
+	out := make([]Member, 0, n)
+	seen := make(map[int32]struct{}, n)
+	for k := 0; k < len(hashes) && len(out) < n; k++ {
+		j := nodes[(i+k)%len(hashes)]
+		if _, dup := seen[j]; dup {
+			continue
+		}
+		seen[j] = struct{}{}
+		out = append(out, v.Members[j])
+	}
+	return out
 }
 
 // Membership supplies the current view. Implementations swap views atomically; the static

@@ -44,6 +44,8 @@ type clientMetrics struct {
 	dials     prometheus.Counter
 	cooldowns prometheus.Counter
 	fastFails prometheus.Counter
+	// hotReads: reads sent to a hot key's replica, by result (hit, fallback).
+	hotReads *prometheus.CounterVec
 }
 
 func newClientMetrics() *clientMetrics {
@@ -56,7 +58,9 @@ func newClientMetrics() *clientMetrics {
 	m.dials = prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_client_dials_total", Help: "Connections opened."})
 	m.cooldowns = prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_client_peer_cooldowns_total", Help: "Peer cool-downs started after I/O failures."})
 	m.fastFails = prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_client_fast_fails_total", Help: "Requests failed at once because their peer was cooling down."})
-	m.reg.MustRegister(ops, bytes, lat, m.retries, m.dials, m.cooldowns, m.fastFails)
+	m.hotReads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_client_hot_replica_reads_total",
+		Help: "Reads of hot keys sent to a replica, by result (hit; fallback: missed or failed there and read from the primary)."}, []string{"result"})
+	m.reg.MustRegister(ops, bytes, lat, m.retries, m.dials, m.cooldowns, m.fastFails, m.hotReads)
 	for o := range numOps {
 		for r := range numRes {
 			m.ops[o][r] = ops.WithLabelValues(opNames[o], resNames[r])

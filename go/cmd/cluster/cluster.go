@@ -32,7 +32,9 @@ type clusterConfig struct {
 	// etcdUID, when set, runs etcd member i as uid etcdUID+i (the partition mode isolates one
 	// member with an nftables rule on the socket owner, which no port rule can do).
 	etcdUID int
-	log     *slog.Logger
+	// nodeArgs are appended to every dfkv_server's flags (replay: --hot-spread ...).
+	nodeArgs []string
+	log      *slog.Logger
 }
 
 type node struct {
@@ -183,6 +185,7 @@ func (c *cluster) startNodeOnce(ctx context.Context, id string, fresh bool) (*no
 			args: []string{"--host", "127.0.0.1", "--port", "0", "--addr-file", filepath.Join(dir, "addr"), "--dir", filepath.Join(dir, "data"),
 				"--store-engine", "slab", "--cap", c.cfg.nodeCap, "--max-msg", "1MiB", "--metrics-port", strconv.Itoa(ports[0]),
 				"--mds", strings.Join(c.mdsEP, ","), "--group", c.cfg.group, "--id", id, "--advertise", "127.0.0.1:0", "--log-level", "warn"}}
+		n.proc.args = append(n.proc.args, c.cfg.nodeArgs...)
 		c.mu.Lock()
 		c.nodes[id] = n
 		c.mu.Unlock()

@@ -52,11 +52,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "rolling" {
 		return rollingMain(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "replay" {
+		return replayMain(args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "partition" {
 		return partitionMain(args[1:], stdout, stderr)
 	}
 	if len(args) == 0 || args[0] != "membership" {
-		fmt.Fprintln(stderr, "usage: dfkv_cluster membership|rolling|partition [flags]   (see -h)")
+		fmt.Fprintln(stderr, "usage: dfkv_cluster membership|rolling|partition|replay [flags]   (see -h)")
 		return 2
 	}
 	o := options{}

@@ -50,6 +50,7 @@ type options struct {
 	sec                                    cli.Security
 	rdma                                   rdmaOptions
 	events                                 eventOptions
+	hot                                    hotOptions
 }
 
 func parse(args []string) (*options, error) {
@@ -77,6 +78,7 @@ func parse(args []string) (*options, error) {
 	addTierFlags(fs, &o.tier)
 	addRDMAFlags(fs, &o.rdma)
 	addEventFlags(fs, &o.events)
+	addHotFlags(fs, &o.hot)
 	o.mds.define(fs)
 	o.sec.Define(fs)
 	fs.Usage = func() {
@@ -99,6 +101,9 @@ func parse(args []string) (*options, error) {
 		return nil, err
 	}
 	if err := o.events.validate(); err != nil {
+		return nil, err
+	}
+	if err := o.hot.validate(&o.mds, o.rdma.enable); err != nil {
 		return nil, err
 	}
 	if o.accessLogSample < 1 {
@@ -240,6 +245,17 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 		return err
 	}
 	addr := ln.Addr().String()
+	stopHot := func() {}
+	if o.hot.on {
+		h, stop, err := startHot(o.hot, &o.mds, addr, engine, reg, log)
+		if err != nil {
+			ln.Close()
+			closeEngine()
+			return err
+		}
+		stopHot = stop // after the drain, before the engine closes
+		srv.SetHot(h)
+	}
 	stop.Ready() // from here a stop signal is a clean stop (Wait below)
 	if err := cli.WriteAddrFile(o.addrFile, addr); err != nil {
 		ln.Close()
@@ -281,6 +297,7 @@ func serve(o *options, log *slog.Logger, stop *cli.Stop) error {
 	if err := srv.Shutdown(ctx); err != nil {
 		log.Warn("drain deadline passed; closed remaining connections", "err", err)
 	}
+	stopHot()
 	if httpSrv != nil {
 		_ = httpSrv.Close(ctx)
 	}

@@ -147,7 +147,7 @@ func (c *conn) serve() {
 			// wait arms the idle deadline anyway.
 			c.armRead(start, c.s.cfg.IOTimeout)
 		}
-		if err == nil && req.Op == fb.OpPut && c.s.cfg.Limits.Check(&req) == nil && (c.sess == nil || c.permitted(&req)) {
+		if err == nil && req.Op == fb.OpPut && req.Flags&wire.FlagReplica == 0 && c.s.cfg.Limits.Check(&req) == nil && (c.sess == nil || c.permitted(&req)) {
 			// A plain PUT: its device write overlaps the requests behind it.
 			if err := c.startPut(&req, start); err != nil {
 				log.Debug("closing connection", "remote", c.nc.RemoteAddr(), "op", opName(req.Op), "err", err)
@@ -240,6 +240,9 @@ func (c *conn) permitted(r *wire.Request) bool {
 	default:
 		need = secure.RightAdmin
 	}
+	if r.Flags&wire.FlagReplica != 0 && (r.Op == fb.OpPut || r.Op == fb.OpRemove) {
+		need = secure.RightAdmin // node to node: a tenant must not plant or drop replicas
+	}
 	return c.sess.Grant().Allows(r.Tenant, need)
 }
 
@@ -254,6 +257,9 @@ func (c *conn) dispatch(r *wire.Request) error {
 	case fb.OpStats:
 		return c.stats(r)
 	case fb.OpPut:
+		if r.Flags&wire.FlagReplica != 0 {
+			return c.replicaPut(r, key)
+		}
 		st, err := c.put(key, int(r.PayloadLen))
 		if err != nil {
 			return err
@@ -268,7 +274,18 @@ func (c *conn) dispatch(r *wire.Request) error {
 		c.s.m.request(r.Op, st)
 		c.replyStatus(r.Op, st, uint64(max(n, 0)))
 	case fb.OpRemove:
+		if r.Flags&wire.FlagReplica != 0 {
+			st := fb.StatusInvalid
+			if c.s.cfg.Hot != nil {
+				c.s.cfg.Hot.invalidateReplica(key, r.Offset)
+				st = fb.StatusOk
+			}
+			c.s.m.request(r.Op, st)
+			c.replyStatus(r.Op, st, 0)
+			return nil
+		}
 		st := statusOf(c.s.cfg.Engine.Remove(key))
+		c.s.cfg.Hot.wrote(key)
 		c.s.m.request(r.Op, st)
 		c.replyStatus(r.Op, st, 0)
 	case fb.OpSgPut, fb.OpSgGet:
@@ -333,6 +350,7 @@ func (c *conn) put(key store.Key, size int) (fb.Status, error) {
 			return 0, derr
 		}
 	}
+	c.s.cfg.Hot.wrote(key)
 	if err == nil {
 		c.s.m.BytesIn.Add(float64(size))
 	} else if st := statusOf(err); st == fb.StatusIOError {
@@ -363,8 +381,16 @@ func span(flags uint8, off, length, size uint64) (start, n uint64, ok bool) {
 }
 
 func (c *conn) get(op fb.Op, key store.Key, flags uint8, off, length uint64) error {
-	c.gq = getQuery{op: op, flags: flags, off: off, length: length}
-	err := c.s.cfg.Engine.Get(key, c.onGet)
+	c.gq = getQuery{op: op, flags: flags, off: off, length: length, key: key}
+	var err error
+	if flags&wire.FlagReplica != 0 {
+		err = store.ErrInvalid
+		if c.s.cfg.Hot != nil {
+			err = c.s.cfg.Hot.getReplica(key, c.onGet)
+		}
+	} else {
+		err = c.s.cfg.Engine.Get(key, c.onGet)
+	}
 	werr := c.gq.werr
 	c.gq = getQuery{}
 	if werr != nil {
@@ -385,6 +411,7 @@ type getQuery struct {
 	op          fb.Op
 	flags       uint8
 	off, length uint64
+	key         store.Key
 	werr        error // the reply's write failed: the connection is finished
 }
 
@@ -399,6 +426,9 @@ func (c *conn) serveGet(v []byte) error {
 	}
 	c.s.m.request(q.op, fb.StatusOk)
 	resp := wire.Response{Op: q.op, Status: fb.StatusOk, ValueLen: size, PayloadLen: n}
+	if q.op == fb.OpGet && q.flags&wire.FlagReplica == 0 {
+		resp.Hot = c.s.cfg.Hot.noteRead(q.key)
+	}
 	q.werr = c.replyPayload(&resp, v[start:start+n])
 	return q.werr
 }
@@ -452,7 +482,7 @@ func (c *conn) batchPut(r *wire.Request) error {
 			return c.desync(r.Op, "batch put value overruns payload")
 		}
 		remaining -= it.Length
-		if derr != nil || it.Length == 0 || it.Length > c.s.cfg.Limits.MaxValue {
+		if derr != nil || it.Length == 0 || it.Length > c.s.cfg.Limits.MaxValue || it.Flags&wire.FlagReplica != 0 {
 			if err := c.discard(it.Length); err != nil {
 				return err
 			}
@@ -551,11 +581,20 @@ func (c *conn) batchRead(r *wire.Request) error {
 			c.appendResult(&res)
 		case fb.OpBatchRemove:
 			st := statusOf(e.Remove(key))
+			c.s.cfg.Hot.wrote(key)
 			c.s.m.request(r.Op, st)
 			c.appendResult(&wire.BatchResult{Status: st})
 		case fb.OpBatchGet:
 			var werr error
-			err := e.Get(key, func(v []byte) error {
+			replica := it.Flags&wire.FlagReplica != 0
+			get := e.Get
+			if replica {
+				get = func(store.Key, func([]byte) error) error { return store.ErrInvalid }
+				if c.s.cfg.Hot != nil {
+					get = c.s.cfg.Hot.getReplica
+				}
+			}
+			err := get(key, func(v []byte) error {
 				size := uint64(len(v))
 				start, n, ok := span(it.Flags, it.Offset, it.Length, size)
 				if !ok {
@@ -565,6 +604,9 @@ func (c *conn) batchRead(r *wire.Request) error {
 				}
 				c.s.m.request(r.Op, fb.StatusOk)
 				res := wire.BatchResult{Status: fb.StatusOk, ValueLen: size, PayloadLen: n}
+				if !replica {
+					res.Hot = c.s.cfg.Hot.noteRead(key)
+				}
 				werr = c.resultPayload(&res, v[start:start+n])
 				return werr
 			})
@@ -789,4 +831,45 @@ func (c *conn) flush() error {
 // (rawConn); net.Buffers.WriteTo only does that for the net package's own types.
 type buffersWriter interface {
 	writeBuffers(segs [][]byte) (int64, error)
+}
+
+// replicaPut stores a replica pushed by its primary (FlagReplica PUT: Offset is the
+// generation, Length the lease in milliseconds). A refused push is answered without
+// storing, its payload skipped.
+func (c *conn) replicaPut(r *wire.Request, key store.Key) error {
+	h := c.s.cfg.Hot
+	size := int(r.PayloadLen)
+	if h == nil || r.Length == 0 {
+		if err := c.discard(r.PayloadLen); err != nil {
+			return err
+		}
+		c.s.m.request(r.Op, fb.StatusInvalid)
+		c.replyStatus(r.Op, fb.StatusInvalid, 0)
+		return nil
+	}
+	filled := false
+	var netErr error
+	err := h.putReplica(key, r.Offset, time.Duration(r.Length)*time.Millisecond, size, func(dst []byte) error {
+		filled = true
+		if _, err := io.ReadFull(c.br, dst); err != nil {
+			netErr = errConn{err}
+			return netErr
+		}
+		return nil
+	})
+	if netErr != nil {
+		return netErr
+	}
+	if !filled {
+		if derr := c.discard(r.PayloadLen); derr != nil {
+			return derr
+		}
+	}
+	st := statusOf(err)
+	if errors.Is(err, errReplicaStale) {
+		st = fb.StatusInvalid
+	}
+	c.s.m.request(r.Op, st)
+	c.replyStatus(r.Op, st, 0)
+	return nil
 }

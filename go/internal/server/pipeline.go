@@ -101,6 +101,9 @@ func (c *conn) startPut(r *wire.Request, start time.Time) error {
 			j.handoff <- nil // refused before reading: the payload is still on the wire
 		}
 		j.status = statusOf(err)
+		if j.filled {
+			c.s.cfg.Hot.wrote(j.key) // before the reply: replicas of the old bytes are gone
+		}
 		if err == nil {
 			c.s.m.BytesIn.Add(float64(j.size))
 		} else if j.status == fb.StatusIOError && !isConnErr(err) {

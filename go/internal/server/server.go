@@ -43,6 +43,9 @@ type Config struct {
 	// Tagger, when set, takes the engine identities of Op Tag (KV events); without it Op
 	// Tag answers Ok with count 0.
 	Tagger Tagger
+	// Hot, when set, spreads hot objects over the next ring owners and holds the replicas
+	// other primaries push here (hot.go); nil = off (replica requests answer Invalid).
+	Hot *Hot
 }
 
 // Tagger attaches engine identities to stored objects (tagged.Engine).
@@ -112,6 +115,10 @@ func New(cfg Config) (*Server, error) {
 		drained:   make(chan struct{}),
 	}, nil
 }
+
+// SetHot turns hot-object spreading on (Config.Hot); call it before Serve. It exists
+// because the spreading state needs the node's bound address, known after New.
+func (s *Server) SetHot(h *Hot) { s.cfg.Hot = h }
 
 // ErrServerClosed is returned by Serve after Shutdown.
 var ErrServerClosed = errors.New("server: closed")

@@ -66,6 +66,9 @@ func (l Limits) Check(r *Request) error {
 	if r.Flags&^knownFlags != 0 {
 		return bad(ErrMalformed, "unknown flags %#x", r.Flags)
 	}
+	if r.Flags&FlagReplica != 0 && r.Op != fb.OpPut && r.Op != fb.OpGet && r.Op != fb.OpRemove {
+		return bad(ErrMalformed, "replica flag on op %d", r.Op)
+	}
 	switch r.Op {
 	case fb.OpPing, fb.OpRdmaBootstrap:
 		if r.PayloadLen != 0 {

@@ -38,9 +38,39 @@ const (
 	FlagExact uint8 = 1 << 0
 	// FlagCap: Length is a capacity; a stored value longer than it is refused (Invalid with
 	// ValueLen set), otherwise the whole value is returned.
-	FlagCap    uint8 = 1 << 1
-	knownFlags       = FlagExact | FlagCap
+	FlagCap uint8 = 1 << 1
+	// FlagReplica addresses the node's hot-object replica table instead of its keys
+	// (docs/ARCHITECTURE.md "Hot objects"): a Get or BatchGet item reads a replica (a miss
+	// when the node holds no valid one), a Put from the key's primary stores one (Offset is
+	// its generation, Length its lease in milliseconds), a Remove invalidates it (Offset is
+	// the generation). Servers that predate it refuse the flag (Invalid), so a mixed
+	// cluster fails closed.
+	FlagReplica uint8 = 1 << 2
+	knownFlags        = FlagExact | FlagCap | FlagReplica
 )
+
+// Hot is the hot-object hint a primary puts in the reserved word of a GET reply
+// (ResponseHeader.reserved) or a BatchGet result (BatchResult.reserved2): the key is served
+// by Replicas more nodes, the next distinct ring owners after the primary, for ValidMS
+// more milliseconds. The zero value (what every older server sends) means "not hot".
+type Hot struct {
+	Replicas uint8  // 0..63
+	ValidMS  uint32 // 0..2^26-1
+}
+
+// MaxHotReplicas is the most replicas a hint can name.
+const MaxHotReplicas = 63
+
+// Word packs h into the reserved word: ValidMS<<6 | Replicas.
+func (h Hot) Word() uint32 {
+	if h.Replicas == 0 {
+		return 0
+	}
+	return min(h.ValidMS, 1<<26-1)<<6 | uint32(min(h.Replicas, MaxHotReplicas))
+}
+
+// HotFromWord unpacks a reserved word.
+func HotFromWord(w uint32) Hot { return Hot{Replicas: uint8(w & 0x3f), ValidMS: w >> 6} }
 
 // ResultLeased (BatchResult.Flags) marks a BatchExistLease hit that holds a lease.
 const ResultLeased uint8 = 1 << 0
@@ -140,6 +170,7 @@ type Response struct {
 	Count      uint32
 	ValueLen   uint64
 	PayloadLen uint64
+	Hot        Hot // GET replies of a primary only
 }
 
 // Encode writes the 32-byte prefix into b[:ResponseSize].
@@ -152,7 +183,7 @@ func (r *Response) Encode(b []byte) {
 	h.MutateStatus(byte(r.Status))
 	h.MutateVersion(ProtocolVersion)
 	h.MutateCount(r.Count)
-	h.MutateReserved(0)
+	h.MutateReserved(r.Hot.Word())
 	h.MutateValueLen(r.ValueLen)
 	h.MutatePayloadLen(r.PayloadLen)
 }
@@ -167,7 +198,8 @@ func DecodeResponse(b []byte) (Response, error) {
 	if h.Magic() != Magic {
 		return Response{}, ErrBadMagic
 	}
-	r := Response{Op: Op(h.Op()), Status: Status(h.Status()), Count: h.Count(), ValueLen: h.ValueLen(), PayloadLen: h.PayloadLen()}
+	r := Response{Op: Op(h.Op()), Status: Status(h.Status()), Count: h.Count(), ValueLen: h.ValueLen(), PayloadLen: h.PayloadLen(),
+		Hot: HotFromWord(h.Reserved())}
 	if v := h.Version(); v != ProtocolVersion {
 		return r, fmt.Errorf("%w: %d", ErrVersion, v)
 	}
@@ -220,6 +252,7 @@ type BatchResult struct {
 	Flags      uint8 // ResultLeased
 	ValueLen   uint64
 	PayloadLen uint64
+	Hot        Hot // BatchGet hits of a primary only
 }
 
 // Encode writes the 24-byte result into b[:BatchResultSize].
@@ -230,7 +263,7 @@ func (r *BatchResult) Encode(b []byte) {
 	h.MutateStatus(byte(r.Status))
 	h.MutateFlags(r.Flags)
 	h.MutateReserved1(0)
-	h.MutateReserved2(0)
+	h.MutateReserved2(r.Hot.Word())
 	h.MutateValueLen(r.ValueLen)
 	h.MutatePayloadLen(r.PayloadLen)
 }
@@ -242,7 +275,8 @@ func DecodeBatchResult(b []byte) (BatchResult, error) {
 	}
 	var h fb.BatchResult
 	h.Init(b, 0)
-	r := BatchResult{Status: Status(h.Status()), Flags: h.Flags(), ValueLen: h.ValueLen(), PayloadLen: h.PayloadLen()}
+	r := BatchResult{Status: Status(h.Status()), Flags: h.Flags(), ValueLen: h.ValueLen(), PayloadLen: h.PayloadLen(),
+		Hot: HotFromWord(h.Reserved2())}
 	if r.Status > MaxStatus {
 		return r, fmt.Errorf("%w: status %d", ErrMalformed, r.Status)
 	}

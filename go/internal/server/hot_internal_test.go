@@ -1,0 +1,219 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dfkv/dfkv/go/identity"
+	"github.com/dfkv/dfkv/go/internal/store"
+)
+
+// fakePeers records pushes and invalidations; down addresses fail.
+type fakePeers struct {
+	mu          sync.Mutex
+	addrs       []string
+	pushes      map[string]int
+	invalidated map[string]int
+	down        map[string]bool
+}
+
+func newFakePeers(addrs ...string) *fakePeers {
+	return &fakePeers{addrs: addrs, pushes: map[string]int{}, invalidated: map[string]int{}, down: map[string]bool{}}
+}
+
+func (f *fakePeers) Replicas(_ identity.ObjectID, n int) ([]string, bool) {
+	return f.addrs[:min(n, len(f.addrs))], true
+}
+
+var errDown = errors.New("peer down")
+
+func (f *fakePeers) Push(_ context.Context, addr string, _ store.Key, _ uint64, _ time.Duration, _ []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down[addr] {
+		return errDown
+	}
+	f.pushes[addr]++
+	return nil
+}
+
+func (f *fakePeers) Invalidate(_ context.Context, addr string, _ store.Key, _ uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down[addr] {
+		return errDown
+	}
+	f.invalidated[addr]++
+	return nil
+}
+
+func hotKeyN(i int) store.Key {
+	return store.Key{ID: identity.ObjectID{Hi: uint64(i)*0x9e3779b97f4a7c15 + 1, Lo: uint64(i)}}
+}
+
+func newTestHot(t *testing.T, peers HotPeers, lease time.Duration) (*Hot, store.Engine) {
+	t.Helper()
+	eng := store.NewMem(64 << 20)
+	h, err := NewHot(HotConfig{Peers: peers, MinReads: 64, Share: 0.1, MaxReplicas: 3, Lease: lease, RPCTimeout: 50 * time.Millisecond}, eng, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, eng
+}
+
+func putValue(t *testing.T, eng store.Engine, key store.Key, b byte) {
+	t.Helper()
+	if err := eng.Put(key, 64, func(dst []byte) error {
+		for i := range dst {
+			dst[i] = b
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The threshold: one dominant key gets replicas; a flat key population (the synthetic
+// trace's shape) and a warm-but-not-dominant key do not.
+func TestHotThreshold(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		keys      int
+		readsEach int
+		hotReads  int // reads of key 0 on top
+		want      int // replicas of key 0 expected
+	}{
+		{"one dominant key", 200, 20, 2000, 3},
+		{"flat population", 2000, 5, 0, 0},
+		{"flat, many reads each", 200, 100, 0, 0},
+		{"warm key, 5% of reads", 200, 20, 200, 0},
+		{"cold node", 10, 1, 10, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			peers := newFakePeers("b:1", "c:1", "d:1", "e:1")
+			h, eng := newTestHot(t, peers, time.Second)
+			for i := 0; i < tc.keys; i++ {
+				putValue(t, eng, hotKeyN(i), byte(i))
+			}
+			for r := 0; r < tc.readsEach; r++ {
+				for i := 0; i < tc.keys; i++ {
+					h.noteRead(hotKeyN(i))
+				}
+			}
+			for r := 0; r < tc.hotReads; r++ {
+				h.noteRead(hotKeyN(0))
+			}
+			h.tick()
+			got := 0
+			if hint := h.noteRead(hotKeyN(0)); hint.Replicas > 0 {
+				got = int(hint.Replicas)
+			}
+			if got != tc.want {
+				t.Fatalf("key 0 has %d replicas, want %d", got, tc.want)
+			}
+			h.mu.Lock()
+			n := len(h.entries)
+			h.mu.Unlock()
+			if tc.want == 0 && n != 0 {
+				t.Fatalf("%d keys replicated, want none", n)
+			}
+			if tc.want > 0 && n != 1 {
+				t.Fatalf("%d keys replicated, want only the dominant one", n)
+			}
+		})
+	}
+}
+
+// A write of a replicated key invalidates every replica before it returns; an unreachable
+// replica is waited out (its lease), and the hint is withdrawn at once.
+func TestHotWriteInvalidates(t *testing.T) {
+	peers := newFakePeers("b:1", "c:1")
+	lease := 300 * time.Millisecond
+	h, eng := newTestHot(t, peers, lease)
+	key := hotKeyN(7)
+	putValue(t, eng, key, 1)
+	heat := func() {
+		for i := 0; i < 500; i++ {
+			h.noteRead(key)
+		}
+		for i := 100; i < 400; i++ { // a background of other keys: the mean the hot key is far above
+			h.noteRead(hotKeyN(i))
+		}
+		h.tick()
+	}
+	heat()
+	if hint := h.noteRead(key); hint.Replicas != 2 {
+		t.Fatalf("hint %+v, want 2 replicas", hint)
+	}
+	h.wrote(key)
+	if peers.invalidated["b:1"] != 1 || peers.invalidated["c:1"] != 1 {
+		t.Fatalf("invalidations %v, want one per replica", peers.invalidated)
+	}
+	if hint := h.noteRead(key); hint.Replicas != 0 {
+		t.Fatalf("hint %+v after a write, want none", hint)
+	}
+	heat()
+	peers.mu.Lock()
+	peers.down["c:1"] = true
+	peers.mu.Unlock()
+	start := time.Now()
+	h.wrote(key)
+	if d := time.Since(start); d < lease/2 {
+		t.Fatalf("write returned after %v with a replica unreachable; want it to wait out the %v lease", d, lease)
+	}
+}
+
+// A replica refuses an older generation after an invalidation, serves only inside its
+// lease, and never serves bytes that do not match its CRC.
+func TestHotReplicaGenerations(t *testing.T) {
+	h, eng := newTestHot(t, newFakePeers(), 200*time.Millisecond)
+	key := hotKeyN(3)
+	fill := func(b byte) func([]byte) error {
+		return func(dst []byte) error {
+			for i := range dst {
+				dst[i] = b
+			}
+			return nil
+		}
+	}
+	read := func() (byte, error) {
+		var got byte
+		err := h.getReplica(key, func(v []byte) error { got = v[0]; return nil })
+		return got, err
+	}
+	if err := h.putReplica(key, 10, time.Second, 32, fill('a')); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := read(); err != nil || b != 'a' {
+		t.Fatalf("read %q, %v; want 'a'", b, err)
+	}
+	h.invalidateReplica(key, 11)
+	if _, err := read(); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("read after invalidation: %v, want not found", err)
+	}
+	if err := h.putReplica(key, 10, time.Second, 32, fill('a')); !errors.Is(err, errReplicaStale) {
+		t.Fatalf("late push of generation 10 after invalidation 11: %v, want refused", err)
+	}
+	if err := h.putReplica(key, 12, 100*time.Millisecond, 32, fill('b')); err != nil {
+		t.Fatal(err)
+	}
+	// Foreign bytes under the replica's engine key fail the CRC: a miss, not wrong bytes.
+	if err := eng.Put(replicaKey(key), 32, fill('x')); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := read(); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("read of replaced bytes: %v, want not found", err)
+	}
+	if err := h.putReplica(key, 13, 100*time.Millisecond, 32, fill('c')); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if _, err := read(); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("read past the lease: %v, want not found", err)
+	}
+}
