@@ -193,6 +193,10 @@ func (c *Client) onNotify(name string, body []byte) {
 	}
 }
 
+// PeerClosed reports whether the server closed the bootstrap connection: the connection
+// is dead and should take no work.
+func (c *Client) PeerClosed() bool { return c.peerClosed.Load() }
+
 // Draining reports whether the server said it is going away (dfkv.drain): the connection
 // should take no new work.
 func (c *Client) Draining() bool { return c.draining.Load() }
