@@ -288,9 +288,11 @@ if [ $qemu_starts = 1 ]; then
   # CI gate (docs/RDMA.md §9): the ibverbs unit tests; the e2e tests that need a real verbs
   # stack (a port taken down by `ip link set … down`, server and client SIGKILL, a device
   # present, RLIMIT_MEMLOCK); the C ABI program and the Python binding over ibverbs; the
-  # routed RoCE v2 fabric, the one-host two-NIC shape and the DMA-BUF probe. About 8 min
-  # under TCG on 2 cores with a cached image. DFKV_GUEST_SUITES=all runs every TestRDMA* and
-  # dfkv_bench too (about 15 min more); DFKV_GUEST_SUITES / DFKV_TEST_RUN narrow it.
+  # routed RoCE v2 fabric, the one-host two-NIC shape and the DMA-BUF probe. Measured under
+  # TCG on 2 cores shared with a second guest (load ~50, 2026-12-02): unit 6 s, l2 195 s,
+  # cabi 169 s, python 221 s, routed 195 s, plus build, boot and twonic: ~15 min; an idle
+  # machine should do better, unmeasured. DFKV_GUEST_SUITES=all adds every TestRDMA* and
+  # dfkv_bench; DFKV_GUEST_SUITES / DFKV_TEST_RUN narrow it.
   if [ "${DFKV_GUEST_SUITES:-}" = all ]; then unset DFKV_GUEST_SUITES; else
     export DFKV_GUEST_SUITES=${DFKV_GUEST_SUITES:-unit l2 cabi python routed twonic dmabuf}
     export DFKV_TEST_RUN=${DFKV_TEST_RUN:-'^(TestRDMAIbverbsPortDown|TestRDMABatchServerKilled|TestRDMAClientKilled|TestRDMAUnavailable|TestRDMAIbverbsMemlock)$'}
