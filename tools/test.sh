@@ -290,7 +290,7 @@ if [ $qemu_starts = 1 ]; then
   # present, RLIMIT_MEMLOCK); the C ABI program and the Python binding over ibverbs; the
   # routed RoCE v2 fabric, the one-host two-NIC shape and the DMA-BUF probe. Measured under
   # TCG on 2 cores shared with a second guest (load ~50, 2026-12-02): unit 6 s, l2 195 s,
-  # cabi 169 s, python 221 s, routed 195 s, plus build, boot and twonic: ~15 min; an idle
+  # cabi 169 s, python 130 s, routed 195 s, plus build, boot and twonic: ~15 min; an idle
   # machine should do better, unmeasured. DFKV_GUEST_SUITES=all adds every TestRDMA* and
   # dfkv_bench; DFKV_GUEST_SUITES / DFKV_TEST_RUN narrow it.
   if [ "${DFKV_GUEST_SUITES:-}" = all ]; then unset DFKV_GUEST_SUITES; else
