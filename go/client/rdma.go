@@ -515,8 +515,9 @@ func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, s
 		}
 	}()
 	r.mu.Lock()
-	// A connection whose server said it is going away (native drain notice) is not reused.
-	drained := r.takeIdleLocked(func(ic idleConn) bool { return ic.oc.Draining() })
+	// A connection whose server said it is going away (native drain notice) or whose
+	// bootstrap connection ended (the server closed the session) is not reused.
+	drained := r.takeIdleLocked(func(ic idleConn) bool { return ic.oc.Draining() || ic.oc.PeerClosed() })
 	defer func() {
 		for _, oc := range drained {
 			oc.Close()

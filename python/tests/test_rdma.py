@@ -111,7 +111,9 @@ def test_python_over_soft_rdma(rdma_server):
 
 
 def test_python_rdma_asked_but_server_without_it(server):
-    r = run_python(CLIENT, env={"ADDR": server, "DFKV_RDMA": "1", "DFKV_RDMA_PROVIDER": PROVIDER}, timeout=300)
+    # The 64 MiB value goes over TCP: under emulation (tools/rdma-vm) that outlasts the 5 s default.
+    r = run_python(CLIENT, env={"ADDR": server, "DFKV_RDMA": "1", "DFKV_RDMA_PROVIDER": PROVIDER, "DFKV_IO_TIMEOUT_MS": "30000"},
+                   timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     mode = r.stdout.strip()
     assert mode.startswith("tcp(") and "does not serve RDMA" in mode, mode

@@ -20,6 +20,14 @@ share=$work/share out=$work/out
 rm -rf "$share"
 mkdir -p "$share/bin"
 
+# rdma-core's headers: the DMA-BUF probe links libibverbs, and ibverbs.test compares the
+# provider's own declarations (verbs_abi.h) with <infiniband/verbs.h> (TestABILayout) only
+# when they are here at build time; the guest suite fails if that test skipped.
+if ! echo '#include <infiniband/verbs.h>' | gcc -E -x c - >/dev/null 2>&1; then
+  echo "rdma-vm suite: rdma-core headers missing (apt-get install libibverbs-dev): TestABILayout and the DMA-BUF probe need them" >&2
+  exit 1
+fi
+
 step "build (tools/build.sh)"
 DFKV_BUILD_DIR=$share/bin tools/build.sh
 step "test binaries (go test -c)"

@@ -90,9 +90,20 @@ func TestCProgram(t *testing.T) {
 	}
 }
 
+// waitAddr waits for a server's address file: 15 s, stretched by DFKV_TEST_FABRIC_SCALE
+// (1..20, as in go/e2e) on a slow machine. Under emulation (tools/rdma-vm) registering a
+// 640 MiB receive segment alone takes longer than 15 s.
 func waitAddr(t *testing.T, path string) string {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	scale := 1
+	if v := os.Getenv("DFKV_TEST_FABRIC_SCALE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 20 {
+			t.Fatalf("DFKV_TEST_FABRIC_SCALE=%q: want 1..20", v)
+		}
+		scale = n
+	}
+	deadline := time.Now().Add(15 * time.Second * time.Duration(scale))
 	for time.Now().Before(deadline) {
 		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
 			return strings.TrimSpace(string(b))

@@ -162,6 +162,9 @@ func open(o *Options) (*Handle, error) {
 		// DFKV_BLOCKING_IO=0 keeps the netpoller path (for side-by-side measurements).
 		BlockingIO: os.Getenv("DFKV_BLOCKING_IO") != "0",
 	}
+	if os.Getenv("DFKV_LOG") != "" { // the client's own lines (RDMA fallbacks, rail breaks) on stderr
+		copts.Logger = mdsLogger()
+	}
 	if o.Flags&FlagRDMA != 0 || os.Getenv("DFKV_RDMA") == "1" {
 		// MRCacheBytes < 0: C and Python callers' memory is not the Go runtime's, so a cached
 		// registration could outlive the mapping it pinned; transient MRs end with their op.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dfkv/dfkv/go/identity"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
@@ -77,6 +78,9 @@ type Client struct {
 	notifier   *notify.Sender
 	readerDone chan struct{}
 	draining   atomic.Bool
+	peerClosed atomic.Bool // the bootstrap connection ended (the reader saw EOF or an error)
+
+	portChecked time.Time // the last port state query (under mu)
 
 	mu     sync.Mutex
 	mrs    mrCache // transient MRs for unregistered caller memory
@@ -301,6 +305,16 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 	}()
 	for i := 0; i < len(ops) || len(window) > 0; {
 		if i < len(ops) && len(window) < c.depth {
+			// A dead server or a down port ends the window before the next post: what is
+			// not posted yet may run elsewhere (PUTs included).
+			if c.peerClosed.Load() {
+				return c.breakLocked(ErrPeerClosed)
+			}
+			if time.Since(c.portChecked) >= portCheckEvery {
+				if err := c.portDown(); err != nil {
+					return c.breakLocked(err)
+				}
+			}
 			p, err := c.post(ctx, ops[i])
 			if err != nil {
 				c.done(&p)
@@ -333,6 +347,23 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 		window = window[1:]
 	}
 	return nil
+}
+
+// portDown returns an error wrapping verbs.ErrPortDown (counted) when the connection's port
+// is not ACTIVE; nil when it is, or when the provider cannot say (the I/O timeout still
+// bounds every wait). Called under mu.
+func (c *Client) portDown() error {
+	ps, ok := c.ctx.(verbs.PortStater)
+	if !ok {
+		return nil
+	}
+	c.portChecked = time.Now()
+	st, err := ps.PortState(c.dev.port.Num)
+	if err != nil || st == verbs.PortActive || st == verbs.PortActiveDefer {
+		return nil
+	}
+	c.M.PortDownBreaks.Add(1)
+	return fmt.Errorf("%w: %s port %d is %s", verbs.ErrPortDown, c.ctx.Info().Name, c.dev.port.Num, st)
 }
 
 func (c *Client) breakLocked(err error) error {
@@ -551,7 +582,12 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
 	defer cancel()
 	var wcs [1]verbs.WorkCompletion
+	start := time.Now()
+	var goneAt time.Time
 	for {
+		if goneAt.IsZero() && c.peerClosed.Load() {
+			goneAt = time.Now()
+		}
 		if err := c.reapSend(); err != nil {
 			return err
 		}
@@ -571,6 +607,16 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 		wcancel()
 		if err != nil && ctx.Err() != nil {
 			return fmt.Errorf("reply for slot %d: %w", p.slot, ctx.Err())
+		}
+		// Neither a dead server nor a port gone down (Soft-RoCE) shows up as a completion
+		// soon: both would hold this wait until the I/O timeout.
+		if !goneAt.IsZero() && time.Since(goneAt) >= peerGrace {
+			return fmt.Errorf("reply for slot %d: %w", p.slot, ErrPeerClosed)
+		}
+		if time.Since(start) >= lateAfter && time.Since(c.portChecked) >= portCheckEvery {
+			if err := c.portDown(); err != nil {
+				return fmt.Errorf("reply for slot %d: %w", p.slot, err)
+			}
 		}
 	}
 	wc := wcs[0]

@@ -106,6 +106,9 @@ var (
 	// ErrBroken: the connection failed (completion error, protocol violation, timeout); it
 	// must be closed and its outstanding requests retried elsewhere or failed.
 	ErrBroken = errors.New("onesided: connection broken")
+	// ErrPeerClosed (with ErrBroken): the server closed the connection's bootstrap TCP
+	// connection (it exited, was killed, or ended the session); nothing more will complete.
+	ErrPeerClosed = errors.New("onesided: server closed the bootstrap connection")
 )
 
 // pickDevice opens the named device, or the first with an ACTIVE port.
@@ -184,6 +187,9 @@ type Metrics struct {
 	// completion of an earlier connection), dropped instead of delivered (docs/RDMA.md,
 	// "Generation fencing").
 	StaleCompletions atomic.Int64
+	// PortDownBreaks: windows a connection ended because its port was not ACTIVE
+	// (verbs.ErrPortDown) while no completion said so (Soft-RoCE after a link went down).
+	PortDownBreaks atomic.Int64
 	// SG: multi-SGE requests per QP (sg.go).
 	SG SGMetrics
 }
@@ -228,6 +234,7 @@ func (m *Metrics) snapshot() map[string]float64 {
 		"dfkv_rdma_idle_reclaims_total":           float64(m.IdleReclaims.Load()),
 		"dfkv_rdma_pool_full_total":               float64(m.PoolFull.Load()),
 		"dfkv_rdma_stale_completions_total":       float64(m.StaleCompletions.Load()),
+		"dfkv_rdma_port_down_breaks_total":        float64(m.PortDownBreaks.Load()),
 	}
 	m.SG.add(out)
 	return out
@@ -236,3 +243,13 @@ func (m *Metrics) snapshot() map[string]float64 {
 // pollSlice bounds one wait on the receive CQ so that send-side errors (which complete on
 // the other CQ) are noticed too.
 const pollSlice = 50 * time.Millisecond
+
+// A late completion makes a connection ask its port's state (verbs.PortStater) once per
+// wait slice after lateAfter; before posting it asks at most every portCheckEvery
+// (ibv_query_port is a system call). peerGrace is how long replies may still land after
+// the server closed the bootstrap connection (a clean close after its last reply).
+const (
+	lateAfter      = 100 * time.Millisecond
+	portCheckEvery = 20 * time.Millisecond
+	peerGrace      = 200 * time.Millisecond
+)

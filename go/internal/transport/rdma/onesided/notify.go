@@ -152,7 +152,7 @@ func (c *Client) offerNotify(offer *dcp.Tail) {
 }
 
 // answerNotify connects the endpoint to the server's (or lets it go when the server has
-// none) and sets up the paths; the TCP reader runs when the fallback is on.
+// none) and sets up the paths, and starts the bootstrap connection's reader.
 func (c *Client) answerNotify(ans dcp.Tail) error {
 	if c.nep != nil {
 		if ans.Notify == nil {
@@ -165,13 +165,20 @@ func (c *Client) answerNotify(ans dcp.Tail) error {
 	nc := c.cfg.Notify
 	c.oob = &oob{conn: c.boot, timeout: c.cfg.IOTimeout}
 	c.notifier = &notify.Sender{EP: c.nep, Fallback: c.oob.send, AllowFallback: nc.OOBFallback, M: &c.M.Notify}
-	if nc.Enabled && nc.OOBFallback {
-		c.readerDone = make(chan struct{})
-		go func() {
-			defer close(c.readerDone)
-			readNotifyFrames(c.boot, c.onNotify)
-		}()
+	// The bootstrap connection is always read: notification frames when the fallback is on,
+	// and its end, which is how a dead server shows itself at once (Do fails with
+	// ErrPeerClosed instead of waiting out the I/O timeout).
+	if c.boot == nil { // a test's connection without a bootstrap stream
+		return nil
 	}
+	c.readerDone = make(chan struct{})
+	dev, boot := c.ctx.Info().Name, c.boot
+	go func() {
+		defer close(c.readerDone)
+		err := readNotifyFrames(boot, c.onNotify)
+		c.peerClosed.Store(true)
+		c.cfg.Logger.Debug("rdma: bootstrap connection ended", "device", dev, "err", err)
+	}()
 	return nil
 }
 
@@ -185,6 +192,10 @@ func (c *Client) onNotify(name string, body []byte) {
 		}
 	}
 }
+
+// PeerClosed reports whether the server closed the bootstrap connection: the connection
+// is dead and should take no work.
+func (c *Client) PeerClosed() bool { return c.peerClosed.Load() }
 
 // Draining reports whether the server said it is going away (dfkv.drain): the connection
 // should take no new work.

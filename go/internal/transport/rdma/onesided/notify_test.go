@@ -222,7 +222,8 @@ func TestNotifyByeEndsSession(t *testing.T) {
 	c, cc, sc := dialCounting(t, cs, Config{Provider: p, Device: "soft1", MaxBlock: 1 << 20, Depth: 2, Notify: nc})
 	cw, sw := cc.w.Load(), sc.w.Load()
 	// Keep the client's TCP connection open past Close: only the native bye can end it.
-	c.boot = nil
+	// Close still wakes the connection's reader (a read deadline), as closing would.
+	c.boot = wakeOnlyConn{c.boot}
 	defer cc.Close()
 	c.Close()
 	waitFor(t, "the session to end", func() bool { return cs.s.M.ActiveConns.Load() == 0 })
@@ -444,3 +445,9 @@ func FuzzParseRailEvent(f *testing.F) {
 		}
 	})
 }
+
+// wakeOnlyConn's Close ends pending reads (a deadline in the past) but leaves the TCP
+// connection open.
+type wakeOnlyConn struct{ net.Conn }
+
+func (w wakeOnlyConn) Close() error { return w.Conn.SetReadDeadline(time.Now()) }

@@ -22,7 +22,17 @@ var (
 	// ErrCQOverflow: more completions arrived than the CQ holds; the CQ is unusable, as on
 	// hardware, where overflow is a fatal asynchronous error.
 	ErrCQOverflow = errors.New("verbs: completion queue overflow")
+	// ErrPortDown: the port a QP runs on is not ACTIVE. Some stacks (Soft-RoCE after `ip
+	// link set … down`) report that only in the port's state: its QPs see no completion
+	// error or async event, their WRs just never complete.
+	ErrPortDown = errors.New("verbs: port not active")
 )
+
+// PortStater is implemented by a Context that can read one port's current state
+// (ibv_query_port) at run time, cheaply enough to ask while a completion is late.
+type PortStater interface {
+	PortState(port uint8) (PortState, error)
+}
 
 // Provider is one implementation of the seam (soft, ibverbs).
 type Provider interface {

@@ -257,6 +257,20 @@ type devContext struct {
 
 func (d *devContext) Info() verbs.DeviceInfo { return d.info }
 
+// PortState implements verbs.PortStater: ibv_query_port now. Soft-RoCE reports a port
+// taken down by `ip link set … down` only here (its QPs get no event), so a connection
+// asks while a completion is late.
+func (d *devContext) PortState(port uint8) (verbs.PortState, error) {
+	if port == 0 || int(port) > len(d.gidTblLen) {
+		return 0, fmt.Errorf("%w: %s has no port %d", verbs.ErrInvalid, d.info.Name, port)
+	}
+	var pa C.struct_ibv_port_attr
+	if rc := C.dfkv_ibv_query_port(d.c, C.uint8_t(port), &pa); rc != 0 {
+		return 0, fmt.Errorf("ibverbs: query %s port %d: %s", d.info.Name, port, errnoText(rc))
+	}
+	return verbs.PortState(pa.state), nil
+}
+
 // GIDTable implements verbs.Context: ibv_query_gid_table (one call, types included) where
 // the library has it, else sysfs. Read per connection: addresses come and go at run time.
 func (d *devContext) GIDTable(port uint8) ([]verbs.GIDEntry, error) {

@@ -62,6 +62,10 @@ type Fault struct {
 	// transport-retry-exceeded (as a dead link does once the retries run out), on both the
 	// requester and the responder side; new streams to the device are refused.
 	PortDown bool
+	// PortStall reports the port DOWN / DISABLED like PortDown, but the device's QPs see
+	// nothing: their WRs stay queued, neither sent nor failed, until the port comes back.
+	// That is Soft-RoCE after `ip link set … down` (no async event, no completion error).
+	PortStall bool
 	// QueryFail leaves the device out of Provider.Devices (the query failed).
 	QueryFail bool
 	// CompErrors is how many of the device's next send WRs complete with CompStatus (the QP
@@ -84,7 +88,7 @@ type Fault struct {
 
 // ParseFaults decodes a fault file: one directive per line, '#' starts a comment.
 //
-//	<device> port down|up
+//	<device> port down|up|stall                          (stall: down, WRs held, no error)
 //	<device> query fail|ok
 //	<device> comp_err <count> [<ibv_wc_status number>] [after <n>]
 //	                                                     (status default 12, retry exceeded;
@@ -126,15 +130,21 @@ func ParseFaults(text string) (map[string]Fault, error) {
 				on, off = "ok", "fail"
 			}
 			var down bool
-			switch f[2] {
-			case on:
-			case off:
+			switch {
+			case f[2] == on:
+			case f[2] == off:
 				down = true
+			case f[1] == "port" && f[2] == "stall":
+				st.PortDown, st.PortStall = false, true
+				out[dev] = st
+				continue
+			case f[1] == "port":
+				return nil, bad("want up, down or stall")
 			default:
 				return nil, bad("want " + on + " or " + off)
 			}
 			if f[1] == "port" {
-				st.PortDown = down
+				st.PortDown, st.PortStall = down, false
 			} else {
 				st.QueryFail = down
 			}

@@ -24,6 +24,8 @@ soft3 port down
 soft3 stale_wc 2
 soft4 comp_err 2 after 5
 soft5 comp_err 1 10 after 0
+soft6 port down
+soft6 port stall        # stall replaces down
 `)
 	if err != nil {
 		t.Fatal(err)
@@ -35,6 +37,7 @@ soft5 comp_err 1 10 after 0
 		"soft3": {PortDown: true, StaleWCs: 2},
 		"soft4": {CompErrors: 2, CompStatus: verbs.StatusRetryExcErr, CompAfter: 5},
 		"soft5": {CompErrors: 1, CompStatus: verbs.StatusRemAccessErr},
+		"soft6": {PortStall: true},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %+v", got)
@@ -45,7 +48,7 @@ soft5 comp_err 1 10 after 0
 		}
 	}
 	for _, bad := range []string{
-		"soft0 port sideways", "soft0 port", "soft0 port down now", "soft0 query maybe",
+		"soft0 port sideways", "soft0 port", "soft0 query stall", "soft0 port down now", "soft0 query maybe",
 		"soft0 comp_err -1", "soft0 comp_err x", "soft0 comp_err 1 5", "soft0 comp_err 1 0", "soft0 comp_err 1 300",
 		"soft0 comp_err 1 2 3", "soft0 comp_err 1 after", "soft0 comp_err 1 after -1", "soft0 comp_err after 2",
 		"soft0 comp_err 1 10 after x", "soft0 delay forever", "soft0 delay -1s", "soft0 delay 2m", "soft0 reboot now",

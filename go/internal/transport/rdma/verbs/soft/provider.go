@@ -212,7 +212,7 @@ func (d *device) fault() Fault { return d.p.faults.get(d.name) }
 
 func (d *device) info() verbs.DeviceInfo {
 	state, phys := verbs.PortActive, verbs.PhysLinkUp
-	if d.fault().PortDown {
+	if f := d.fault(); f.PortDown || f.PortStall {
 		state, phys = verbs.PortDown, verbs.PhysDisabled
 	}
 	return verbs.DeviceInfo{
@@ -365,6 +365,14 @@ type devContext struct {
 }
 
 func (c *devContext) Info() verbs.DeviceInfo { return c.d.info() }
+
+// PortState implements verbs.PortStater (the port's state now, faults included).
+func (c *devContext) PortState(port uint8) (verbs.PortState, error) {
+	if port != portNum {
+		return 0, fmt.Errorf("%w: port %d (soft devices have port %d)", verbs.ErrInvalid, port, portNum)
+	}
+	return c.d.info().Ports[0].State, nil
+}
 
 // GIDTable implements verbs.Context: a soft port has one GID, its link-local RoCE v2 entry
 // at index 0 (the only address its socket answers on), so the same selection code runs

@@ -412,6 +412,9 @@ func (q *qp) dial(stop chan struct{}) (net.Conn, error) {
 	return c, nil
 }
 
+// stallPoll is how often a send loop held by an injected PortStall looks at the fault again.
+const stallPoll = 10 * time.Millisecond
+
 // sendLoop transmits the send queue in order.
 func (q *qp) sendLoop(stop chan struct{}) {
 	defer q.wg.Done()
@@ -432,6 +435,16 @@ func (q *qp) sendLoop(stop chan struct{}) {
 		if q.state != verbs.QPRTS {
 			q.mu.Unlock()
 			return
+		}
+		if q.d.fault().PortStall {
+			// Injected: the port is down but nothing tells the QP; its WRs wait for the link.
+			q.mu.Unlock()
+			select {
+			case <-time.After(stallPoll):
+			case <-stop:
+				return
+			}
+			continue
 		}
 		r := q.sq[0]
 		q.sq = q.sq[1:]
