@@ -403,7 +403,7 @@ func bringUp(ctx context.Context, o options, etcdUID int, log *slog.Logger) (c *
 	}
 	log.Info("starting etcd (3 members) and the MDS replicas", "dir", o.dir)
 	c, err = startCluster(ctx, clusterConfig{binDir: bin, etcdBin: o.etcdBin, dir: o.dir, group: o.group, nodeCap: o.nodeCap,
-		mdsReplicas: 2, etcdUID: etcdUID, log: log})
+		mdsReplicas: 2, etcdUID: etcdUID, nodeArgs: o.nodeArgs, log: log})
 	if err != nil {
 		return nil, nil, nil, err
 	}

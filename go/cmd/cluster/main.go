@@ -46,6 +46,8 @@ type options struct {
 	nodes, clients, full, rounds, par    int
 	idle, maxTime, longPoll              time.Duration
 	jsonOut, keep                        bool
+	// nodeArgs are appended to every node's flags (replay --hot: --hot-spread ...).
+	nodeArgs []string
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

@@ -4,9 +4,33 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 )
+
+// clusterBins finds etcd and the dfkv_server/dfkv_mds binaries for a mode test:
+// DFKV_BIN_DIR (tools/build.sh) or, without it, a go build into a temp dir.
+func clusterBins(t *testing.T) (etcd, bin string) {
+	t.Helper()
+	etcd, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Fatalf("etcd not on PATH (apt-get install -y etcd-server; tools/test.sh installs it): %v", err)
+	}
+	if bin = os.Getenv("DFKV_BIN_DIR"); bin != "" {
+		return etcd, bin
+	}
+	bin = t.TempDir()
+	for pkg, name := range map[string]string{"server": "dfkv_server", "mds": "dfkv_mds"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, name), "../"+pkg)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return etcd, bin
+}
 
 // TestSeenAfter: a ring that returns to an earlier membership has the earlier epoch again;
 // an event must match the client's move after the event began, not the old one.

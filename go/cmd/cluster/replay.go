@@ -9,12 +9,10 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,13 +32,12 @@ import (
 //	dfkv_cluster replay --nodes 8 --limit 3000 --trace ../shared/data/traces/conversation_trace.jsonl [--hot]
 
 type replayOptions struct {
-	binDir, etcdBin, dir, group, nodeCap, trace string
-	nodes, clients, limit, block, par           int
-	hot                                         bool
-	hotInterval                                 time.Duration
-	hotMinReads                                 int
-	maxTime                                     time.Duration
-	keep, jsonOut                               bool
+	options
+	trace        string
+	limit, block int
+	hot          bool
+	hotInterval  time.Duration
+	hotMinReads  int
 }
 
 type replayReport struct {
@@ -63,24 +60,14 @@ type replayReport struct {
 
 func replayMain(args []string, stdout, stderr io.Writer) int {
 	o := replayOptions{}
-	fs := flag.NewFlagSet("dfkv_cluster replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.binDir, "bin", "build", "directory with dfkv_server and dfkv_mds")
-	fs.StringVar(&o.etcdBin, "etcd", "etcd", "etcd binary (Debian: etcd-server)")
-	fs.StringVar(&o.dir, "dir", "", "work directory (default: a new temp dir, removed afterwards unless --keep)")
-	fs.StringVar(&o.group, "group", "cluster", "MDS group")
-	fs.StringVar(&o.nodeCap, "node-cap", "64MiB", "each node's --cap")
+	fs := o.modeFlags("replay", stderr, 10*time.Minute)
 	fs.StringVar(&o.trace, "trace", "", "JSONL trace (hash_ids per request; .gz read as gzip), e.g. testdata/traces/conversation_trace.jsonl.gz")
-	fs.IntVar(&o.nodes, "nodes", 8, "cache nodes")
 	fs.IntVar(&o.clients, "clients", 8, "library clients (engine processes), each replaying every M-th request")
 	fs.IntVar(&o.limit, "limit", 3000, "requests replayed (the trace's first)")
 	fs.IntVar(&o.block, "block", 4096, "bytes per block")
-	fs.IntVar(&o.par, "start-par", 8, "node starts in flight at once")
 	fs.BoolVar(&o.hot, "hot", false, "run the nodes with --hot-spread")
 	fs.DurationVar(&o.hotInterval, "hot-interval", time.Second, "the nodes' --hot-interval with --hot")
 	fs.IntVar(&o.hotMinReads, "hot-min-reads", 16, "the nodes' --hot-min-reads with --hot (low: one loaded machine replays ~100 requests/s)")
-	fs.DurationVar(&o.maxTime, "max-time", 10*time.Minute, "the whole run ends by then")
-	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the report as one JSON object")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -89,13 +76,12 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "dfkv_cluster replay: want --trace, --nodes >= 1, --clients >= 1, --limit >= 1, --block >= 16")
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, cancel := context.WithTimeout(context.Background(), o.maxTime)
-	defer cancel()
-	rep, err := replay(ctx, o, log)
-	if err != nil {
-		fmt.Fprintln(stderr, "dfkv_cluster:", err)
-		return 1
+	var rep *replayReport
+	if rc := runBounded(o.options, stderr, func(ctx context.Context, log *slog.Logger) (err error) {
+		rep, err = replay(ctx, o, log)
+		return err
+	}); rc != 0 {
+		return rc
 	}
 	if o.jsonOut {
 		_ = json.NewEncoder(stdout).Encode(rep)
@@ -164,37 +150,15 @@ func replay(ctx context.Context, o replayOptions, log *slog.Logger) (*replayRepo
 	if err != nil {
 		return nil, err
 	}
-	if o.dir == "" {
-		d, err := os.MkdirTemp("", "dfkv-cluster-")
-		if err != nil {
-			return nil, err
-		}
-		o.dir = d
-		if !o.keep {
-			defer os.RemoveAll(d)
-		}
-	}
-	bin, err := filepath.Abs(o.binDir)
-	if err != nil {
-		return nil, err
-	}
-	var nodeArgs []string
 	if o.hot {
-		nodeArgs = []string{"--hot-spread", "--hot-interval", o.hotInterval.String(), "--hot-min-reads", strconv.Itoa(o.hotMinReads),
+		o.nodeArgs = []string{"--hot-spread", "--hot-interval", o.hotInterval.String(), "--hot-min-reads", strconv.Itoa(o.hotMinReads),
 			"--hot-max-replicas", strconv.Itoa(min(63, max(1, o.nodes-1)))}
 	}
-	c, err := startCluster(ctx, clusterConfig{binDir: bin, etcdBin: o.etcdBin, dir: o.dir, group: o.group, nodeCap: o.nodeCap, mdsReplicas: 2, nodeArgs: nodeArgs, log: log})
+	c, _, stop, err := bringUp(ctx, o.options, 0, log)
 	if err != nil {
 		return nil, err
 	}
-	defer c.stop()
-	ids := make([]string, o.nodes)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("n%03d", i)
-	}
-	if err := c.startNodes(ctx, ids, o.par); err != nil {
-		return nil, err
-	}
+	defer stop()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	clients := make([]*client.Client, o.clients)
 	for i := range clients {

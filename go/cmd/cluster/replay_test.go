@@ -5,9 +5,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 )
 
@@ -20,20 +17,7 @@ func TestReplayHotSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts etcd, two MDS and eight nodes twice (about 90 s)")
 	}
-	etcd, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Fatalf("etcd not on PATH (apt-get install -y etcd-server; tools/test.sh installs it): %v", err)
-	}
-	bin := os.Getenv("DFKV_BIN_DIR")
-	if bin == "" {
-		bin = t.TempDir()
-		for pkg, name := range map[string]string{"server": "dfkv_server", "mds": "dfkv_mds"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(bin, name), "../"+pkg)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("build %s: %v\n%s", pkg, err, out)
-			}
-		}
-	}
+	etcd, bin := clusterBins(t)
 	trace := "../../../testdata/traces/conversation_trace.jsonl.gz"
 	runOnce := func(hot bool) replayReport {
 		args := []string{"replay", "--bin", bin, "--etcd", etcd, "--nodes", "8", "--clients", "8", "--limit", "1500",

@@ -4,9 +4,6 @@ package main
 
 import (
 	"bytes"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -22,20 +19,7 @@ func TestRollingRestartSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts etcd, two MDS and four nodes (about 40 s)")
 	}
-	etcd, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Fatalf("etcd not on PATH (apt-get install -y etcd-server; tools/test.sh installs it): %v", err)
-	}
-	bin := os.Getenv("DFKV_BIN_DIR")
-	if bin == "" {
-		bin = t.TempDir()
-		for pkg, name := range map[string]string{"server": "dfkv_server", "mds": "dfkv_mds"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(bin, name), "../"+pkg)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("build %s: %v\n%s", pkg, err, out)
-			}
-		}
-	}
+	etcd, bin := clusterBins(t)
 	var out, errb bytes.Buffer
 	rc := run([]string{"rolling", "--bin", bin, "--etcd", etcd, "--nodes", "4", "--keys", "3000", "--value", "2048",
 		"--warm", "6s", "--settle", "15s", "--node-cap", "32MiB", "--max-time", "4m"}, &out, &errb)
