@@ -56,7 +56,7 @@ func TestPartitions(t *testing.T) {
 		t.Skip(err)
 	}
 	etcdBinary(t) // fails when etcd is missing
-	cmd := netpart.Command(ctx, []string{partitionChildEnv + "=1", "DFKV_BIN_DIR=" + binDir},
+	cmd := netpart.Command(ctx, append(os.Environ(), partitionChildEnv+"=1", "DFKV_BIN_DIR="+binDir),
 		os.Args[0], "-test.run=^TestPartitions$", "-test.v", "-test.count=1", "-test.timeout=5m")
 	out, err := cmd.CombinedOutput()
 	t.Log("\n" + string(out))

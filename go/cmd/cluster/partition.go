@@ -89,7 +89,7 @@ func partitionReexec(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	cmd := netpart.Command(ctx, []string{partitionEnv + "=1"}, self, append([]string{"partition"}, args...)...)
+	cmd := netpart.Command(ctx, append(os.Environ(), partitionEnv+"=1"), self, append([]string{"partition"}, args...)...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Run(); err != nil {
 		var ee *exec.ExitError

@@ -41,12 +41,13 @@ func Check(ctx context.Context) error {
 	return nil
 }
 
-// Command is name args run in a new network namespace, with env added to this process's
-// environment (the caller's marker that it runs inside). ctx bounds it: once ctx is done
+// Command is name args run in a new network namespace with environment env (the caller
+// passes its own, os.Environ() plus its marker that the child runs inside: a library
+// package reads no environment). ctx bounds it: once ctx is done
 // the child gets SIGTERM (unshare execs it, so the signal reaches it), then SIGKILL 10 s on.
 func Command(ctx context.Context, env []string, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "unshare", append([]string{"--net", "--", name}, args...)...)
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = env
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	return cmd
