@@ -70,7 +70,14 @@ func (h Hot) Word() uint32 {
 }
 
 // HotFromWord unpacks a reserved word.
-func HotFromWord(w uint32) Hot { return Hot{Replicas: uint8(w & 0x3f), ValidMS: w >> 6} }
+// A word naming no replicas is "not hot" whatever its other bits hold, so decoding is the
+// inverse of Word.
+func HotFromWord(w uint32) Hot {
+	if w&0x3f == 0 {
+		return Hot{}
+	}
+	return Hot{Replicas: uint8(w & 0x3f), ValidMS: w >> 6}
+}
 
 // ResultLeased (BatchResult.Flags) marks a BatchExistLease hit that holds a lease.
 const ResultLeased uint8 = 1 << 0
