@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/client"
+	"github.com/dfkv/dfkv/go/internal/wire"
 )
 
 // replay: N nodes, M library clients (one per simulated engine process) replaying a
@@ -152,7 +153,7 @@ func replay(ctx context.Context, o replayOptions, log *slog.Logger) (*replayRepo
 	}
 	if o.hot {
 		o.nodeArgs = []string{"--hot-spread", "--hot-interval", o.hotInterval.String(), "--hot-min-reads", strconv.Itoa(o.hotMinReads),
-			"--hot-max-replicas", strconv.Itoa(min(63, max(1, o.nodes-1)))}
+			"--hot-max-replicas", strconv.Itoa(min(wire.MaxHotReplicas, max(1, o.nodes-1)))}
 	}
 	c, _, stop, err := bringUp(ctx, o.options, 0, log)
 	if err != nil {

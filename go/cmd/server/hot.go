@@ -19,6 +19,7 @@ import (
 	"github.com/dfkv/dfkv/go/internal/mdsclient"
 	"github.com/dfkv/dfkv/go/internal/server"
 	"github.com/dfkv/dfkv/go/internal/store"
+	"github.com/dfkv/dfkv/go/internal/wire"
 )
 
 // hotOptions are the hot-object spreading flags (docs/ARCHITECTURE.md "Hot objects").
@@ -36,7 +37,7 @@ type hotOptions struct {
 func addHotFlags(fs *flag.FlagSet, o *hotOptions) {
 	fs.BoolVar(&o.on, "hot-spread", false, "spread hot objects: copy a key read far above the others to the next ring owners as read replicas, and hold the replicas other nodes push here")
 	fs.StringVar(&o.members, "hot-members", "", "the ring for --hot-spread as id=host:port,... (default: follow --mds's group)")
-	fs.IntVar(&o.maxReplicas, "hot-max-replicas", 8, "most replicas of one hot key (1..63)")
+	fs.IntVar(&o.maxReplicas, "hot-max-replicas", 8, "most replicas of one hot key (1..127)")
 	fs.IntVar(&o.minReads, "hot-min-reads", 64, "reads of a key in one interval below which it is never hot")
 	fs.Float64Var(&o.share, "hot-share", 0.1, "a key gets one copy per this share of the node's other reads (0 < share <= 1)")
 	fs.DurationVar(&o.lease, "hot-lease", 3*time.Second, "replica lifetime without renewal; a write that cannot reach a replica waits at most this")
@@ -49,8 +50,8 @@ func (o *hotOptions) validate(mds *mdsFlags, rdma bool) error {
 		return nil
 	}
 	switch {
-	case o.maxReplicas < 1 || o.maxReplicas > 63:
-		return fmt.Errorf("--hot-max-replicas %d: want 1..63", o.maxReplicas)
+	case o.maxReplicas < 1 || o.maxReplicas > wire.MaxHotReplicas:
+		return fmt.Errorf("--hot-max-replicas %d: want 1..%d", o.maxReplicas, wire.MaxHotReplicas)
 	case o.minReads < 1:
 		return fmt.Errorf("--hot-min-reads %d: want at least 1", o.minReads)
 	case !(o.share > 0 && o.share <= 1):

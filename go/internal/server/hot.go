@@ -106,6 +106,7 @@ const (
 	// distinctBits estimates the distinct keys read per interval (linear counting, 512 B).
 	distinctBits = 4096
 	maxCand      = 64 // keys counted exactly once their estimate passes MinReads/4
+	pushParallel = 16 // replica pushes of one key in flight at once
 	quietRounds  = 3  // intervals below the threshold before replicas are taken back
 	// replicaSalt moves replica bytes into a tenant of their own in the engine, so they count
 	// against capacity and are evicted like any value but never answer a normal key.
@@ -130,11 +131,16 @@ type Hot struct {
 	stop chan struct{}
 	done chan struct{}
 	once sync.Once
+	// early asks the loop to end the interval now: a key without replicas passed MinReads
+	// well before the interval's end (waiting for the tick left a new hot key's primary
+	// serving it alone for up to an interval).
+	early chan struct{}
 
 	mu      sync.Mutex
 	sketch  [sketchRows][sketchCols]uint32
 	seen    [distinctBits / 64]uint64 // linear counting of the distinct keys read
 	total   uint64                    // reads this interval
+	began   time.Time                 // when this interval began
 	minCand *candidate                // the weakest candidate: replaced by a warmer key
 	cand    map[store.Key]*candidate  // exact counts of the warmest keys
 	entries map[store.Key]*hotEntry   // keys with replicas that may still hold
@@ -150,6 +156,7 @@ type candidate struct {
 	key   store.Key
 	reads uint64
 	quiet int
+	early bool // asked for an early end of this interval
 }
 
 // hotEntry is a replicated key on its primary. mu serializes making, renewing and dropping
@@ -180,7 +187,7 @@ func NewHot(cfg HotConfig, eng store.Engine, reg prometheus.Registerer) (*Hot, e
 		return nil, errors.New("server: hot spreading without peers")
 	}
 	cfg.setDefaults()
-	h := &Hot{cfg: cfg, eng: eng, log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{}),
+	h := &Hot{cfg: cfg, eng: eng, log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{}), early: make(chan struct{}, 1),
 		cand: map[store.Key]*candidate{}, entries: map[store.Key]*hotEntry{}, reps: map[store.Key]*replica{}}
 	// Generations grow across restarts too: a late push from a previous run is older.
 	h.gen.Store(uint64(time.Now().UnixNano()))
@@ -231,6 +238,9 @@ func NewHot(cfg HotConfig, eng store.Engine, reg prometheus.Registerer) (*Hot, e
 
 // Start runs the interval loop until Close.
 func (h *Hot) Start() {
+	h.mu.Lock()
+	h.began = time.Now()
+	h.mu.Unlock()
 	go func() {
 		defer close(h.done)
 		t := time.NewTicker(h.cfg.Interval)
@@ -240,7 +250,10 @@ func (h *Hot) Start() {
 			case <-h.stop:
 				return
 			case <-t.C:
-				h.tick()
+				h.tick(false)
+			case <-h.early:
+				h.tick(true)
+				t.Reset(h.cfg.Interval)
 			}
 		}
 	}()
@@ -276,6 +289,15 @@ func (h *Hot) noteRead(key store.Key) wire.Hot {
 	h.seen[b/64] |= 1 << (b % 64)
 	if c := h.cand[key]; c != nil {
 		c.reads++
+		// Not before a quarter interval, so that the other keys' mean means something and a
+		// key the tick declines cannot make the loop spin.
+		if !c.early && c.reads >= uint64(h.cfg.MinReads) && h.entries[key] == nil && time.Since(h.began) >= h.cfg.Interval/4 {
+			c.early = true
+			select {
+			case h.early <- struct{}{}:
+			default:
+			}
+		}
 	} else {
 		est := uint32(math.MaxUint32)
 		for r := 0; r < sketchRows; r++ {
@@ -337,7 +359,8 @@ func (h *Hot) distinct() float64 {
 }
 
 // tick ends an interval: it decides which keys want replicas and makes, renews or drops them.
-func (h *Hot) tick() {
+// early: the interval is cut short (a new key passed MinReads).
+func (h *Hot) tick(early bool) {
 	type decision struct {
 		key  store.Key
 		want int
@@ -345,6 +368,11 @@ func (h *Hot) tick() {
 	var ds []decision
 	h.mu.Lock()
 	others := math.Max(h.distinct()-1, 1)
+	// An interval ended early is shorter: MinReads is per full interval.
+	minReads := float64(h.cfg.MinReads)
+	if early {
+		minReads *= min(1, float64(time.Since(h.began))/float64(h.cfg.Interval))
+	}
 	for key, c := range h.cand {
 		copies := 1
 		if e := h.entries[key]; e != nil {
@@ -361,7 +389,7 @@ func (h *Hot) tick() {
 		}
 		want := 0
 		mean := (float64(h.total) - float64(c.reads)) / others
-		if k >= bar*float64(h.cfg.MinReads) && k >= bar*h.cfg.Factor*mean {
+		if k >= bar*minReads && k >= bar*h.cfg.Factor*mean {
 			want = int(math.Ceil(k/(h.cfg.Share*other))) - 1
 			if copies > 1 {
 				want = max(want, 1)
@@ -380,7 +408,7 @@ func (h *Hot) tick() {
 		case e != nil && c.quiet < quietRounds:
 			ds = append(ds, decision{key, e.want}) // keep (renew) through a short lull
 		}
-		c.reads = 0
+		c.reads, c.early = 0, false
 		if c.quiet >= quietRounds && e == nil {
 			delete(h.cand, key)
 		}
@@ -394,6 +422,7 @@ func (h *Hot) tick() {
 	h.sketch = [sketchRows][sketchCols]uint32{}
 	h.seen = [distinctBits / 64]uint64{}
 	h.total, h.minCand = 0, nil
+	h.began = time.Now()
 	h.mu.Unlock()
 	for _, d := range ds {
 		h.refresh(d.key, d.want)
@@ -451,22 +480,41 @@ func (h *Hot) refresh(key store.Key, want int) {
 	var until time.Time
 	if len(addrs) > 0 {
 		gen := h.gen.Add(1)
-		for _, a := range addrs {
-			sent := time.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), h.cfg.RPCTimeout)
-			err := h.cfg.Peers.Push(ctx, a, key, gen, h.cfg.Lease, value)
-			cancel()
-			// Acked or not, the replica may hold the bytes until a lease after now: the
-			// replica starts its lease when it takes the push, which is before this point
-			// when acked (and, per the design's bound, within the RPC timeout when not).
-			h.holdUntil(e, a, time.Now().Add(h.cfg.Lease))
+		// Pushes run in parallel (at most pushParallel at once): one after another, renewing
+		// a key's 127 replicas on a loaded node took longer than the interval, and copies
+		// whose lease was near its end fell out of the hint.
+		type pushed struct {
+			sent time.Time
+			err  error
+		}
+		res := make([]pushed, len(addrs))
+		sem := make(chan struct{}, pushParallel)
+		var wg sync.WaitGroup
+		for i, a := range addrs {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				res[i].sent = time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), h.cfg.RPCTimeout)
+				res[i].err = h.cfg.Peers.Push(ctx, a, key, gen, h.cfg.Lease, value)
+				cancel()
+			}()
+		}
+		wg.Wait()
+		// Acked or not, a replica may hold the bytes until a lease after now: it starts its
+		// lease when it takes the push, which is before this point when acked (and, per the
+		// design's bound, within the RPC timeout when not).
+		held := time.Now().Add(h.cfg.Lease)
+		for i, a := range addrs {
+			h.holdUntil(e, a, held)
 			keep[a] = true
-			if err != nil {
-				h.log.Debug("hot replica push failed", "addr", a, "id", key.ID, "err", err)
+			if res[i].err != nil {
+				h.log.Debug("hot replica push failed", "addr", a, "id", key.ID, "err", res[i].err)
 				continue
 			}
 			h.made.Inc()
-			e.valid[a] = sent.Add(h.cfg.Lease)
+			e.valid[a] = res[i].sent.Add(h.cfg.Lease)
 		}
 		// The hint names the replicas in ring order up to the first without a valid copy.
 		now := time.Now()

@@ -108,7 +108,7 @@ func TestHotThreshold(t *testing.T) {
 			for r := 0; r < tc.hotReads; r++ {
 				h.noteRead(hotKeyN(0))
 			}
-			h.tick()
+			h.tick(false)
 			got := 0
 			if hint := h.noteRead(hotKeyN(0)); hint.Replicas > 0 {
 				got = int(hint.Replicas)
@@ -144,7 +144,7 @@ func TestHotWriteInvalidates(t *testing.T) {
 		for i := 100; i < 400; i++ { // a background of other keys: the mean the hot key is far above
 			h.noteRead(hotKeyN(i))
 		}
-		h.tick()
+		h.tick(false)
 	}
 	heat()
 	if hint := h.noteRead(key); hint.Replicas != 2 {
@@ -215,5 +215,44 @@ func TestHotReplicaGenerations(t *testing.T) {
 	time.Sleep(150 * time.Millisecond)
 	if _, err := read(); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("read past the lease: %v, want not found", err)
+	}
+}
+
+// A key that passes MinReads a quarter interval or more before the interval's end gets its
+// replicas then, not at the tick: until they exist its primary serves every read alone. The
+// shortened interval's threshold is scaled, so a warm key does not pass it by being counted
+// over less time.
+func TestHotEarlyTick(t *testing.T) {
+	peers := newFakePeers("b:1", "c:1", "d:1")
+	eng := store.NewMem(64 << 20)
+	interval := 4 * time.Second
+	h, err := NewHot(HotConfig{Peers: peers, Interval: interval, MinReads: 64, Share: 0.1, MaxReplicas: 3, Lease: 10 * time.Second,
+		RPCTimeout: 50 * time.Millisecond}, eng, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := hotKeyN(1)
+	putValue(t, eng, key, 1)
+	for i := 100; i < 140; i++ {
+		putValue(t, eng, hotKeyN(i), byte(i))
+	}
+	h.Start()
+	defer h.Close()
+	start := time.Now()
+	time.Sleep(interval / 4)
+	for i := 100; i < 140; i++ { // the background the hot key stands out from
+		h.noteRead(hotKeyN(i))
+	}
+	for range 64 {
+		h.noteRead(key)
+	}
+	for h.noteRead(key).Replicas == 0 {
+		if time.Since(start) >= interval {
+			t.Fatalf("no replicas before the interval's end (%v)", time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := h.noteRead(key).Replicas; got != 3 {
+		t.Fatalf("%d replicas, want 3", got)
 	}
 }

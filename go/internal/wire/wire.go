@@ -54,29 +54,30 @@ const (
 // by Replicas more nodes, the next distinct ring owners after the primary, for ValidMS
 // more milliseconds. The zero value (what every older server sends) means "not hot".
 type Hot struct {
-	Replicas uint8  // 0..63
-	ValidMS  uint32 // 0..2^26-1
+	Replicas uint8  // 0..127
+	ValidMS  uint32 // 0..2^25-1 (9.3 hours)
 }
 
-// MaxHotReplicas is the most replicas a hint can name.
-const MaxHotReplicas = 63
+// MaxHotReplicas is the most replicas a hint can name: a 128-node cluster can spread one
+// key over every node.
+const MaxHotReplicas = 127
 
-// Word packs h into the reserved word: ValidMS<<6 | Replicas.
+// Word packs h into the reserved word: ValidMS<<7 | Replicas.
 func (h Hot) Word() uint32 {
 	if h.Replicas == 0 {
 		return 0
 	}
-	return min(h.ValidMS, 1<<26-1)<<6 | uint32(min(h.Replicas, MaxHotReplicas))
+	return min(h.ValidMS, 1<<25-1)<<7 | uint32(min(h.Replicas, MaxHotReplicas))
 }
 
 // HotFromWord unpacks a reserved word.
 // A word naming no replicas is "not hot" whatever its other bits hold, so decoding is the
 // inverse of Word.
 func HotFromWord(w uint32) Hot {
-	if w&0x3f == 0 {
+	if w&MaxHotReplicas == 0 {
 		return Hot{}
 	}
-	return Hot{Replicas: uint8(w & 0x3f), ValidMS: w >> 6}
+	return Hot{Replicas: uint8(w & MaxHotReplicas), ValidMS: w >> 7}
 }
 
 // ResultLeased (BatchResult.Flags) marks a BatchExistLease hit that holds a lease.
