@@ -646,7 +646,15 @@ func (h *Hot) putReplica(key store.Key, gen uint64, lease time.Duration, size in
 		r = &replica{}
 		h.reps[key] = r
 	}
-	r.gen, r.valid = gen, false
+	// A renewal finds the held copy valid and inside its lease: no write happened since it
+	// was pushed (a write invalidates it first, or waits out its lease), so it is still the
+	// current value and stays servable while the new bytes arrive; a read that meets new,
+	// different bytes fails the old CRC and misses. Turning it off for every renewal made
+	// ~1% of a hot key's replica reads fall back to its primary (128-node replay).
+	if !r.valid || !time.Now().Before(r.until) {
+		r.valid = false
+	}
+	r.gen = gen
 	h.rmu.Unlock()
 	var crc uint32
 	err := h.eng.Put(replicaKey(key), size, func(dst []byte) error {
@@ -659,6 +667,9 @@ func (h *Hot) putReplica(key store.Key, gen uint64, lease time.Duration, size in
 	h.rmu.Lock()
 	defer h.rmu.Unlock()
 	if err != nil {
+		if r.gen == gen {
+			r.valid = false
+		}
 		return err
 	}
 	if r.gen != gen { // invalidated or replaced while the bytes arrived

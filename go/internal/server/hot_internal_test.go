@@ -256,3 +256,50 @@ func TestHotEarlyTick(t *testing.T) {
 		t.Fatalf("%d replicas, want 3", got)
 	}
 }
+
+// A renewal (a newer generation pushed while the held copy is valid) keeps the copy servable
+// while its bytes arrive; a push after an invalidation does not, and bytes that differ from
+// the held copy's are never served under its CRC.
+func TestHotRenewalKeepsServing(t *testing.T) {
+	h, _ := newTestHot(t, newFakePeers(), time.Second)
+	key := hotKeyN(4)
+	read := func() (byte, error) {
+		var got byte
+		err := h.getReplica(key, func(v []byte) error { got = v[0]; return nil })
+		return got, err
+	}
+	// push runs a push of gen whose bytes are b, and calls during() while they arrive.
+	push := func(gen uint64, b byte, during func()) error {
+		return h.putReplica(key, gen, time.Second, 32, func(dst []byte) error {
+			during()
+			for i := range dst {
+				dst[i] = b
+			}
+			return nil
+		})
+	}
+	if err := push(1, 'a', func() {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := push(2, 'a', func() {
+		if b, err := read(); err != nil || b != 'a' {
+			t.Errorf("read during a renewal: %q, %v; want 'a'", b, err)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := read(); err != nil || b != 'a' {
+		t.Fatalf("read after the renewal: %q, %v", b, err)
+	}
+	h.invalidateReplica(key, 3)
+	if err := push(4, 'b', func() {
+		if _, err := read(); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("read during a push after an invalidation: %v, want not found", err)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := read(); err != nil || b != 'b' {
+		t.Fatalf("read after the push: %q, %v; want 'b'", b, err)
+	}
+}

@@ -57,8 +57,11 @@ func (ix Index) Digest(f [][]byte) error {
 	pod, model := parts[1], parts[2]
 	d := msgpack.NewDecoder(bytes.NewReader(f[2]))
 	n, err := d.DecodeArrayLen()
-	if err != nil || n < 2 {
-		return fmt.Errorf("batch: array of %d: %v", n, err)
+	if err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
+	if n < 2 {
+		return fmt.Errorf("batch: array of %d, want [ts, events, ...]", n)
 	}
 	if _, err := d.DecodeFloat64(); err != nil {
 		return fmt.Errorf("batch ts: %w", err)
@@ -69,8 +72,11 @@ func (ix Index) Digest(f [][]byte) error {
 	}
 	for _, raw := range events {
 		var head []msgpack.RawMessage
-		if err := msgpack.Unmarshal(raw, &head); err != nil || len(head) == 0 {
-			return fmt.Errorf("event not an array_like tagged union: %v", err)
+		if err := msgpack.Unmarshal(raw, &head); err != nil {
+			return fmt.Errorf("event not an array_like tagged union: %w", err)
+		}
+		if len(head) == 0 {
+			return fmt.Errorf("event: empty array, want an array_like tagged union")
 		}
 		var kind string
 		if err := msgpack.Unmarshal(head[0], &kind); err != nil {
