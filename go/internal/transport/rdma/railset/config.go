@@ -18,7 +18,7 @@ type railConfig struct {
 	tier    map[string]int // the client's tier of each device (all 0 without Tiers)
 	tiered  bool           // Tiers were configured: members without rails fail closed
 	primary string
-	// slowFactor demotes a rail slower than this times its tier's best (0: off); raillatency.go.
+	// slowFactor demotes a rail slower than this times its tier's best (0: off); latency.go.
 	slowFactor float64
 }
 

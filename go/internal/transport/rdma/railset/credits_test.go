@@ -3,6 +3,7 @@ package railset
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"sync"
@@ -113,6 +114,14 @@ func (m *published) set(rails []wire.Rail) {
 	m.mu.Unlock()
 }
 
+// testErrors map as go/client's do: a deadline that ends a wait is a timeout too.
+var testErrors = Errors{Invalid: errInvalid, Timeout: errTimeout, Ctx: func(addr string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: %w: %w", addr, errTimeout, err)
+	}
+	return fmt.Errorf("%s: %w", addr, err)
+}}
+
 // testHost is a server that never serves RDMA; it counts the health verdicts.
 type testHost struct {
 	addr            string
@@ -132,7 +141,7 @@ func (h *testHost) MarkFailed()  { h.failed.Add(1) }
 func TestAcquireRailBackpressure(t *testing.T) {
 	healthy := func(d string) wire.Rail { return wire.Rail{Device: d, Port: 1, Health: fb.RailHealthHealthy} }
 	ms := &published{rails: []wire.Rail{healthy("a"), healthy("b")}}
-	s, err := New(Options{PoolSize: 16, IOTimeout: 5 * time.Second, Published: ms.get, Errors: Errors{Timeout: errTimeout},
+	s, err := New(Options{PoolSize: 16, IOTimeout: 5 * time.Second, Published: ms.get, Errors: testErrors,
 		Provider: "soft", Devices: []string{"a", "b"}, Tiers: [][]string{{"a"}, {"b"}}, RailCredits: 1, RailProbeInterval: -1})
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ type railMetrics struct {
 	bytes       *prometheus.CounterVec
 	stale       *prometheus.CounterVec
 	ambiguous   *prometheus.CounterVec
-	// raillatency.go
+	// latency.go
 	latency      *prometheus.HistogramVec
 	latDemotions *prometheus.CounterVec
 	latRestores  *prometheus.CounterVec

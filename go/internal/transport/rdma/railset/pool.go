@@ -36,9 +36,9 @@ type Peer struct {
 // NewPeer returns the pool towards the server h stands for.
 func (s *Set) NewPeer(h Host) *Peer {
 	p := &Peer{s: s, h: h, addr: h.Addr()}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p.closed = s.closed
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	p.closed = s.peersClosed
 	s.peers = append(s.peers, p)
 	return p
 }

@@ -29,8 +29,13 @@ type Set struct {
 	mu      sync.Mutex
 	regions [][]byte                    // RegisterMemory's ranges, registered on every device opened
 	devs    map[string]*onesided.Device // per rail, opened by its first connection; shared by all
-	peers   []*Peer
 	closed  bool
+
+	// peersMu is apart from mu, which a device open or a registration holds for long: the
+	// janitor, the lane gauge and NewPeer (under the caller's own lock) never wait on those.
+	peersMu     sync.Mutex
+	peers       []*Peer
+	peersClosed bool
 
 	rc railConfig   // rail policy (validated in New)
 	rm *railMetrics // per-rail series
@@ -117,8 +122,8 @@ func (s *Set) startJanitor() {
 }
 
 func (s *Set) peerList() []*Peer {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
 	return append([]*Peer(nil), s.peers...)
 }
 
@@ -132,6 +137,9 @@ func (s *Set) Close() {
 		close(s.stopJanitor)
 		<-s.janitorDone
 	}
+	s.peersMu.Lock()
+	s.peersClosed = true
+	s.peersMu.Unlock()
 	for _, p := range s.peerList() {
 		p.close()
 	}

@@ -15,7 +15,7 @@ import (
 // share a QP with another request in flight. NICs have been seen to overlap multi-SGE
 // writes of distinct registered ranges on one QP and fail them with protection errors, so
 // these requests get their own pool of connections per server, each negotiated at depth 1;
-// a batch's SG requests still fan out over up to RDMAOptions.Depth such connections at
+// a batch's SG requests still fan out over up to Options.Depth such connections at
 // once, so the batch keeps its width while every QP carries one request (one registered
 // range set) at a time.
 
