@@ -18,6 +18,7 @@ import (
 	"github.com/dfkv/dfkv/go/internal/secure"
 	"github.com/dfkv/dfkv/go/internal/transport"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/railset"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
 	"github.com/dfkv/dfkv/go/internal/transport/tcp"
 	"github.com/dfkv/dfkv/go/internal/version"
@@ -79,7 +80,7 @@ type Client struct {
 	mu     sync.RWMutex
 	peers  map[string]*peer // by address
 	closed atomic.Bool
-	rdma   rdmaState
+	rdma   *railset.Set // RDMA transport: rail policy, pools (without RDMA: RegisterMemory's ranges)
 }
 
 // New returns a client. It does not connect until the first request.
@@ -143,13 +144,12 @@ func New(opts Options) (*Client, error) {
 		if g := opts.RDMA.GIDIndex; g != nil && (*g < 0 || *g > verbs.MaxGIDIndex) {
 			return nil, fmt.Errorf("%w: RDMA GID index %d (0..%d)", ErrInvalid, *g, verbs.MaxGIDIndex)
 		}
-		rc, err := newRailConfig(opts.RDMA)
-		if err != nil {
-			return nil, err
-		}
-		c.rdma.rc = rc
-		c.registerRDMAMetrics()
 	}
+	rs, err := c.newRailSet()
+	if err != nil {
+		return nil, err
+	}
+	c.rdma = rs
 	return c, nil
 }
 
@@ -161,17 +161,12 @@ func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
-	if c.opts.RDMA != nil {
-		c.stopRDMA()
-	}
+	c.rdma.Close() // probes and janitor, then RDMA connections, then the devices
 	c.mu.Lock()
 	for _, p := range c.peers {
 		p.close()
 	}
 	c.mu.Unlock()
-	if c.opts.RDMA != nil {
-		c.closeRDMADevice() // after the connections: pools, then PD and context
-	}
 	return c.opts.Membership.Close()
 }
 
@@ -192,6 +187,7 @@ func (c *Client) peerFor(m Member) *peer {
 	defer c.mu.Unlock()
 	if p = c.peers[m.Addr]; p == nil {
 		p = newPeer(c.pcfg, m.Addr)
+		p.rdma = c.rdma.NewPeer(rdmaHost{p})
 		c.peers[m.Addr] = p
 	}
 	return p

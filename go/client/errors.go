@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/railset"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
 
@@ -27,7 +28,7 @@ var (
 	// ErrNoCompatibleRail: no RDMA rail this client may use is published healthy by the
 	// server (or the client has tiers and the server publishes no rails). Client-local: the
 	// op goes over TCP and the peer's health is untouched (docs/RDMA.md §4).
-	ErrNoCompatibleRail = errors.New("dfkv: no compatible RDMA rail")
+	ErrNoCompatibleRail = railset.ErrNoCompatibleRail
 	// ErrTooLarge: a value larger than the client's max value size (Limits.MaxValue). It is
 	// reported together with ErrInvalid (errors.Is matches both), as before it existed.
 	ErrTooLarge = errors.New("dfkv: value too large")

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dfkv/dfkv/go/internal/transport"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/railset"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
@@ -41,7 +42,7 @@ type peer struct {
 	limits   atomic.Pointer[wire.Hello]
 	mu       sync.Mutex // guards closed
 	closed   bool
-	rdma     peerRDMA
+	rdma     *railset.Peer // RDMA pools towards this node (closed by the client's railset.Set)
 }
 
 func newPeer(cfg *peerConfig, addr string) *peer {
@@ -112,7 +113,6 @@ func (p *peer) close() {
 	p.closed = true
 	p.mu.Unlock()
 	p.drain()
-	p.rdma.close()
 }
 
 // get returns a pooled connection or dials a new one.

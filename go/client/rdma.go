@@ -3,24 +3,14 @@ package client
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"net"
-	"slices"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/dfkv/dfkv/go/identity"
-	"github.com/dfkv/dfkv/go/internal/transport/rdma/dcp"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
+	"github.com/dfkv/dfkv/go/internal/transport/rdma/railset"
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs"
-	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/ibverbs"
-	"github.com/dfkv/dfkv/go/internal/transport/rdma/verbs/soft"
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
 )
@@ -116,6 +106,9 @@ type RDMAOptions struct {
 	TrafficClass uint8
 }
 
+// AutoNUMANode in RDMAOptions.NUMANode: the node of the CPU that calls New.
+const AutoNUMANode = -1
+
 // gidPolicy is the options' part of each connection's GID choice.
 func (o *RDMAOptions) gidPolicy() verbs.GIDPolicy {
 	p := verbs.GIDPolicy{HopLimit: o.HopLimit, TrafficClass: o.TrafficClass}
@@ -125,191 +118,34 @@ func (o *RDMAOptions) gidPolicy() verbs.GIDPolicy {
 	return p
 }
 
-type rdmaState struct {
-	once    sync.Once
-	prov    verbs.Provider
-	provErr error
-
-	mu      sync.Mutex
-	regions [][]byte                    // RegisterMemory's ranges, registered on every device opened
-	devs    map[string]*onesided.Device // per rail, opened by its first connection; shared by all
-	closed  bool
-
-	rc railConfig   // rail policy (validated in New)
-	rm *railMetrics // per-rail series
-	rx railState    // NUMA view, probers
-	sg *sgLaneMetrics
-
-	used   atomic.Bool
-	reason atomic.Pointer[string]
-	m      onesided.Metrics // shared by every RDMA connection of this client
-
-	janitorOnce sync.Once
-	stopJanitor chan struct{}
-	janitorDone chan struct{}
-}
-
-// registerRDMAMetrics adds the client's dfkv_rdma_* series to its stats snapshot.
-func (c *Client) registerRDMAMetrics() {
-	c.rdma.rm = newRailMetrics(c.m.reg)
-	c.rdma.rx.numaNode = c.opts.RDMA.NUMANode
-	if c.rdma.rx.numaNode < 0 {
-		c.rdma.rx.numaNode = callerNUMANode()
-	}
-	c.registerSGLaneMetrics()
-	for name := range c.rdma.m.Snapshot() {
-		n := name
-		f := func() float64 { return c.rdma.m.Snapshot()[n] }
-		if strings.HasSuffix(n, "_total") {
-			c.m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: n, Help: "RDMA data plane (docs/RDMA.md)."}, f))
-		} else {
-			c.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: n, Help: "RDMA data plane (docs/RDMA.md)."}, f))
-		}
-	}
-}
-
-// peerRDMA is one server's RDMA connection pool.
-type peerRDMA struct {
-	mu      sync.Mutex
-	refusal refusalBackoff              // the server refused RDMA: stay on TCP for a while
-	v1      bool                        // the server answers v1: offer v1 from the start
-	idle    []idleConn                  // most recently used last
-	all     map[*onesided.Client]string // every open connection and its rail
-	quar    map[string]time.Time        // rail -> quarantined towards this server until
-	rr      uint32                      // round robin over the chosen tier's rails
-	dialing int                         // bootstraps in progress (count against MaxConns)
-	sg      sgLane                      // multi-SGE requests' own connections (sglane.go)
-	closed  bool
-	px      railPeerState // credits, probers (railcredits.go, railprobe.go)
-}
-
-type idleConn struct {
-	oc    *onesided.Client
-	rail  string
-	since time.Time
-}
-
-// reclaim closes the idle connections unused since before cutoff.
-func (r *peerRDMA) reclaim(cutoff time.Time, m *onesided.Metrics) {
-	r.mu.Lock()
-	old := r.takeIdleLocked(func(ic idleConn) bool { return ic.since.Before(cutoff) })
-	old = append(old, r.sg.takeIdleLocked(func(ic idleConn) bool { return ic.since.Before(cutoff) })...)
-	r.mu.Unlock()
-	for _, oc := range old {
-		oc.Close()
-		m.IdleReclaims.Add(1)
-	}
-}
-
-// takeIdleLocked removes the idle connections drop selects from the pool and returns them
-// for the caller to close outside r.mu.
-func (r *peerRDMA) takeIdleLocked(drop func(idleConn) bool) []*onesided.Client {
-	var out []*onesided.Client
-	r.idle, out = takeIdle(r.idle, r.all, drop)
-	return out
-}
-
-// takeIdle splits idle into the connections drop keeps and those it selects, which it
-// also removes from all (the pool's or the SG lane's).
-func takeIdle(idle []idleConn, all map[*onesided.Client]string, drop func(idleConn) bool) (keep []idleConn, out []*onesided.Client) {
-	keep = idle[:0]
-	for _, ic := range idle {
-		if drop(ic) {
-			out = append(out, ic.oc)
-			delete(all, ic.oc)
-		} else {
-			keep = append(keep, ic)
-		}
-	}
-	clear(idle[len(keep):])
-	return keep, out
-}
-
-func (r *peerRDMA) close() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.closed = true
-	for oc := range r.all {
-		oc.Close()
-	}
-	r.all, r.idle = nil, nil
-	r.sg.closeLocked()
-}
-
-func (c *Client) rdmaIdleTimeout() time.Duration {
-	if d := c.opts.RDMA.IdleTimeout; d > 0 {
-		return d
-	}
-	return time.Minute
-}
-
-// startJanitor runs the idle reclaim of this client's RDMA pools (once, from the first RDMA
-// connection); stopRDMA ends and joins it.
-func (c *Client) startJanitor() {
-	s := &c.rdma
-	s.janitorOnce.Do(func() {
-		s.stopJanitor, s.janitorDone = make(chan struct{}), make(chan struct{})
-		idle := c.rdmaIdleTimeout()
-		go func() {
-			defer close(s.janitorDone)
-			t := time.NewTicker(max(idle/4, time.Millisecond))
-			defer t.Stop()
-			for {
-				select {
-				case <-s.stopJanitor:
-					return
-				case now := <-t.C:
-					c.mu.RLock()
-					peers := make([]*peer, 0, len(c.peers))
-					for _, p := range c.peers {
-						peers = append(peers, p)
-					}
-					c.mu.RUnlock()
-					for _, p := range peers {
-						p.rdma.reclaim(now.Add(-idle), &s.m)
-					}
-				}
+// newRailSet builds the client's RDMA transport (package railset: rail policy, pools, SG
+// lane). Without RDMA it only keeps RegisterMemory's ranges.
+func (c *Client) newRailSet() (*railset.Set, error) {
+	o := railset.Options{PoolSize: c.opts.PoolSize, IOTimeout: c.opts.IOTimeout, MaxValue: c.opts.Limits.MaxValue,
+		Tenant: c.tenant, Logger: c.opts.Logger,
+		Errors: railset.Errors{Invalid: ErrInvalid, Timeout: ErrTimeout, Closed: ErrClosed, Busy: ErrBusy, Ctx: ctxErr, IO: ioErr}}
+	if r := c.opts.RDMA; r != nil {
+		o.Provider, o.Device, o.Devices, o.Primary, o.Tiers = r.Provider, r.Device, r.Devices, r.Primary, r.Tiers
+		o.RailQuarantine, o.RailProbeInterval, o.RailCredits, o.RailSlowFactor = r.RailQuarantine, r.RailProbeInterval, r.RailCredits, r.RailSlowFactor
+		o.NUMA, o.NUMANode, o.SoftNUMANodes, o.SoftDevices, o.SoftFaultFile = r.NUMA, r.NUMANode, r.SoftNUMANodes, r.SoftDevices, r.SoftFaultFile
+		o.Depth, o.MaxBlock, o.ForceV1, o.MaxConns, o.IdleTimeout = r.Depth, r.MaxBlock, r.ForceV1, r.MaxConns, r.IdleTimeout
+		o.SGLaneConns, o.MRCacheBytes, o.Notify, o.NotifyOOBFallback = r.SGLaneConns, r.MRCacheBytes, r.Notify, r.NotifyOOBFallback
+		o.RefusalBackoff, o.RefusalBackoffMax, o.GID = r.RefusalBackoff, r.RefusalBackoffMax, r.gidPolicy()
+		o.Registerer = c.m.reg
+		if rp, ok := c.opts.Membership.(railPublisher); ok {
+			o.Published = func(addr string) []wire.Rail {
+				rails, _ := rp.PublishedRails(addr)
+				return rails
 			}
-		}()
-	})
-}
-
-// stopRDMA stops the idle reclaim (Close).
-func (c *Client) stopRDMA() {
-	s := &c.rdma
-	s.janitorOnce.Do(func() {}) // none started: none will be
-	c.stopProbes()
-	if s.stopJanitor != nil {
-		close(s.stopJanitor)
-		<-s.janitorDone
-	}
-}
-
-func (c *Client) rdmaProvider() (verbs.Provider, error) {
-	s := &c.rdma
-	s.once.Do(func() {
-		switch c.opts.RDMA.Provider {
-		case "", "ibverbs":
-			s.prov = ibverbs.New(ibverbs.Options{})
-		case "soft":
-			// One soft NIC per softN named, or SoftDevices when more (none: one).
-			n := 0
-			for _, d := range append([]string{c.opts.RDMA.Device}, c.opts.RDMA.Devices...) {
-				if i, err := strconv.Atoi(strings.TrimPrefix(d, "soft")); err == nil && strings.HasPrefix(d, "soft") && i >= 0 && i < soft.MaxDevices {
-					n = max(n, i+1)
-				}
-			}
-			s.prov, s.provErr = soft.New(soft.Options{Devices: max(n, c.opts.RDMA.SoftDevices, len(c.opts.RDMA.SoftNUMANodes)),
-				FaultFile: c.opts.RDMA.SoftFaultFile, NUMANodes: c.opts.RDMA.SoftNUMANodes})
-		default:
-			s.provErr = fmt.Errorf("rdma provider %q (want ibverbs or soft)", c.opts.RDMA.Provider)
 		}
-	})
-	return s.prov, s.provErr
+	}
+	return railset.New(o)
 }
 
-func (c *Client) setTCPReason(why string) {
-	c.rdma.reason.Store(&why)
+// railPublisher is a membership that knows each member's published RDMA rails (the MDS
+// topology's Member.rails). A static membership is not one.
+type railPublisher interface {
+	PublishedRails(addr string) (rails []wire.Rail, known bool)
 }
 
 // TransportMode is "tcp" when RDMA is off, "rdma" once an RDMA connection is up, and
@@ -318,13 +154,7 @@ func (c *Client) TransportMode() string {
 	if c.opts.RDMA == nil {
 		return c.opts.Dialer.Mode()
 	}
-	if c.rdma.used.Load() {
-		return "rdma"
-	}
-	if r := c.rdma.reason.Load(); r != nil {
-		return "tcp(" + *r + ")"
-	}
-	return "tcp(rdma not negotiated yet)"
+	return c.rdma.Mode()
 }
 
 // RegisterMemory registers buf for RDMA once per device (not per connection), now and for a
@@ -336,27 +166,10 @@ func (c *Client) RegisterMemory(buf []byte) error {
 	if len(buf) == 0 {
 		return fmt.Errorf("dfkv: register memory: empty range: %w", ErrInvalid)
 	}
-	s := &c.rdma
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || c.closed.Load() {
+	if c.closed.Load() {
 		return ErrClosed
 	}
-	if regionIndex(s.regions, buf) >= 0 {
-		return nil
-	}
-	for name, dev := range s.devs {
-		if err := dev.RegisterMemory(buf); err != nil {
-			for n2, d2 := range s.devs { // undo: all devices or none
-				if n2 != name {
-					_ = d2.UnregisterMemory(context.Background(), buf)
-				}
-			}
-			return fmt.Errorf("dfkv: register memory on %q: %w", name, err)
-		}
-	}
-	s.regions = append(s.regions, buf)
-	return nil
+	return c.rdma.RegisterMemory(buf)
 }
 
 // UnregisterMemory undoes RegisterMemory for exactly the range buf was registered as (an
@@ -368,102 +181,47 @@ func (c *Client) UnregisterMemory(buf []byte) error {
 	if len(buf) == 0 {
 		return fmt.Errorf("dfkv: unregister memory: empty range: %w", ErrInvalid)
 	}
-	s := &c.rdma
-	s.mu.Lock()
-	i := regionIndex(s.regions, buf)
-	if i < 0 {
-		s.mu.Unlock()
-		return fmt.Errorf("dfkv: unregister memory: %d bytes at %p were not registered: %w", len(buf), &buf[0], ErrInvalid)
-	}
-	s.regions = append(s.regions[:i], s.regions[i+1:]...)
-	devs := make([]*onesided.Device, 0, len(s.devs))
-	for _, d := range s.devs {
-		devs = append(devs, d)
-	}
-	s.mu.Unlock()
-	// Every op ends within the I/O timeout (its window's deadline), so this wait is bounded.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*c.opts.IOTimeout)
-	defer cancel()
-	var first error
-	for _, dev := range devs {
-		err := dev.UnregisterMemory(ctx, buf)
-		switch {
-		case err == nil, errors.Is(err, onesided.ErrNotRegistered):
-			// Not on the device: it was opened after a failed registration, or closed.
-		case errors.Is(err, onesided.ErrPoolBusy):
-			if first == nil {
-				first = fmt.Errorf("dfkv: unregister memory: %w: %w", ErrBusy, err)
-			}
-		default:
-			if first == nil {
-				first = fmt.Errorf("dfkv: unregister memory: %w", err)
-			}
-		}
-	}
-	if first != nil && errors.Is(first, ErrBusy) {
-		// Still registered somewhere: keep the range so a later call retries (a device that
-		// let go answers ErrNotRegistered then, which is fine).
-		s.mu.Lock()
-		s.regions = append(s.regions, buf)
-		s.mu.Unlock()
-	}
-	return first
+	return c.rdma.UnregisterMemory(buf)
 }
 
-// regionIndex finds the registered range equal to buf, or -1.
-func regionIndex(regions [][]byte, buf []byte) int {
-	for i, r := range regions {
-		if &r[0] == &buf[0] && len(r) == len(buf) {
-			return i
-		}
-	}
-	return -1
-}
+// rdmaHost is a peer as its RDMA transport sees it: the TCP bootstrap request and health.
+type rdmaHost struct{ p *peer }
 
-// rdmaDevice returns the client's opened device for rail ("" = RDMAOptions.Device), opening
-// it (and registering the pools on it) for its first connection.
-func (c *Client) rdmaDevice(prov verbs.Provider, rail string) (*onesided.Device, error) {
-	s := &c.rdma
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
-	}
-	if d := s.devs[rail]; d != nil {
-		return d, nil
-	}
-	name := rail
-	if name == "" {
-		name = c.opts.RDMA.Device
-	}
-	dev, err := onesided.OpenDevice(prov, name, &s.m)
+func (h rdmaHost) Addr() string { return h.p.addr }
+func (h rdmaHost) MarkHealthy() { h.p.markHealthy() }
+func (h rdmaHost) MarkFailed()  { h.p.markFailed() }
+
+// Bootstrap dials a fresh connection (HELLO included) and asks the server for RDMA on it.
+func (h rdmaHost) Bootstrap(ctx context.Context) (net.Conn, error) {
+	p := h.p
+	pc, err := p.dial(ctx, false)
 	if err != nil {
-		return nil, err
+		return nil, err // the TCP path reports the failure
 	}
-	for _, b := range s.regions {
-		if err := dev.RegisterMemory(b); err != nil {
-			dev.Release()
-			return nil, fmt.Errorf("register memory: %w", err)
-		}
+	nc, ok := pc.nc.(net.Conn)
+	if !ok { // a transport whose streams are not net.Conns cannot carry the bootstrap
+		pc.nc.Close()
+		return nil, railset.ErrNoNetConn
 	}
-	if s.devs == nil {
-		s.devs = map[string]*onesided.Device{}
+	// A caller that gives up interrupts the request by closing its connection.
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	defer stop()
+	pc.nc.SetDeadline(time.Now().Add(p.cfg.ioTimeout))
+	req := wire.Request{Op: fb.OpRdmaBootstrap}
+	var resp wire.Response
+	if err = pc.send(&req); err == nil {
+		resp, err = pc.recv(fb.OpRdmaBootstrap)
 	}
-	s.devs[rail] = dev
-	return dev, nil
-}
-
-// closeRDMADevice drops the client's reference on its device (Close, after the
-// connections): the last reference deregisters the pools, then frees the PD and context.
-func (c *Client) closeRDMADevice() {
-	s := &c.rdma
-	s.mu.Lock()
-	devs := s.devs
-	s.devs, s.closed = nil, true
-	s.mu.Unlock()
-	for _, dev := range devs {
-		dev.Release()
+	if err != nil {
+		pc.nc.Close()
+		return nil, fmt.Errorf("dfkv: rdma bootstrap request to %s: %w", p.addr, err)
 	}
+	pc.nc.SetDeadline(time.Time{})
+	if resp.Status != fb.StatusOk {
+		pc.nc.Close()
+		return nil, railset.ErrNotServed
+	}
+	return bufConn{Conn: nc, r: pc.br}, nil
 }
 
 // bufConn reads through the pooled connection's buffered reader.
@@ -474,403 +232,15 @@ type bufConn struct {
 
 func (b bufConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
-// rdmaConn returns an idle or new RDMA connection to p and its rail, or nil when p is
-// served over TCP (err is ErrNoCompatibleRail when that is why: client-local).
-func (c *Client) rdmaConn(ctx context.Context, p *peer) (*onesided.Client, string, error) {
-	if c.opts.RDMA == nil {
-		return nil, "", nil
-	}
-	// A dial that fails on its rail before anything was submitted quarantines that rail;
-	// the op then tries the next candidate (any op may cross rails then: nothing was sent).
-	for range len(c.rdma.rc.devices) {
-		oc, rail, err := c.rdmaConnOnce(ctx, p)
-		if oc != nil || err != nil || rail == "" || !p.rdma.quarantined(rail, time.Now()) || ctx.Err() != nil {
-			return oc, rail, err
-		}
-	}
-	return c.rdmaConnOnce(ctx, p)
-}
-
-func (c *Client) rdmaConnOnce(ctx context.Context, p *peer) (*onesided.Client, string, error) {
-	o := c.opts.RDMA
-	r := &p.rdma
-	r.mu.Lock()
-	if r.refusal.active(time.Now()) || r.closed {
-		r.mu.Unlock()
-		return nil, "", nil
-	}
-	r.mu.Unlock()
-	rail, err := c.acquireRail(ctx, p) // a rail and one of its credits (none without a whitelist)
-	if err != nil {
-		if errors.Is(err, ErrNoCompatibleRail) {
-			c.rdma.rm.noRail.Inc()
-			c.setTCPReason(fmt.Sprintf("server %s: %v", p.addr, err))
-		}
-		return nil, "", err
-	}
-	var oc *onesided.Client
-	defer func() {
-		if oc == nil {
-			c.releaseRail(p, rail)
-		}
-	}()
-	r.mu.Lock()
-	// A connection whose server said it is going away (native drain notice) or whose
-	// bootstrap connection ended (the server closed the session) is not reused.
-	drained := r.takeIdleLocked(func(ic idleConn) bool { return ic.oc.Draining() || ic.oc.PeerClosed() })
-	defer func() {
-		for _, oc := range drained {
-			oc.Close()
-		}
-	}()
-	for i := len(r.idle) - 1; i >= 0; i-- {
-		if r.idle[i].rail != rail {
-			continue
-		}
-		oc = r.idle[i].oc
-		r.idle = slices.Delete(r.idle, i, i+1)
-		r.mu.Unlock()
-		return oc, rail, nil
-	}
-	maxConns := o.MaxConns
-	if maxConns <= 0 {
-		maxConns = c.opts.PoolSize
-	}
-	if rail == "" && len(r.all)+r.dialing >= maxConns {
-		r.mu.Unlock()
-		c.rdma.m.PoolFull.Add(1)
-		return nil, "", nil // every RDMA connection to p is busy: this op goes over TCP
-	}
-	r.dialing++
-	v1 := r.v1 || o.ForceV1
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		r.dialing--
-		r.mu.Unlock()
-	}()
-	oc = c.rdmaDial(ctx, p, rail, v1)
-	if oc == nil && !v1 && p.rdma.speaksV1() {
-		// The server answered v1: never change protocol on that QP; open a fresh connection
-		// offering v1.
-		oc = c.rdmaDial(ctx, p, rail, true)
-	}
-	return oc, rail, nil
-}
-
-// pickRail chooses the rail for p's next connection (docs/RDMA.md §4, "Client rail
-// selection"): "" without a whitelist; else the primary when it is in the highest usable
-// tier, else round robin over that tier.
-func (c *Client) pickRail(p *peer) (string, error) {
-	if len(c.rdma.rc.devices) == 0 {
-		return "", nil
-	}
-	order, err := c.railOrder(p)
-	if err != nil {
-		return "", err
-	}
-	return order[0], nil
-}
-
-// rdmaPut returns oc to p's pool (or closes it past the pool's size).
-func (c *Client) rdmaPut(p *peer, oc *onesided.Client, rail string) {
-	c.releaseRail(p, rail)
-	p.rdma.mu.Lock()
-	if !p.rdma.closed && len(p.rdma.idle) < c.opts.PoolSize && !oc.Draining() {
-		p.rdma.idle = append(p.rdma.idle, idleConn{oc: oc, rail: rail, since: time.Now()})
-		oc = nil
-	} else {
-		delete(p.rdma.all, oc)
-	}
-	p.rdma.mu.Unlock()
-	if oc != nil {
-		oc.Close()
-	}
-}
-
-// rdmaDrop closes a broken connection of p's pool.
-func (c *Client) rdmaDrop(p *peer, oc *onesided.Client) {
-	p.rdma.mu.Lock()
-	rail, ok := p.rdma.all[oc]
-	delete(p.rdma.all, oc)
-	p.rdma.mu.Unlock()
-	if ok {
-		c.releaseRail(p, rail)
-	}
-	oc.Close()
-}
-
-func (r *peerRDMA) speaksV1() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.v1
-}
-
-// rdmaDial bootstraps one RDMA connection to p on rail offering v1 or v2, or returns nil
-// (TCP).
-func (c *Client) rdmaDial(ctx context.Context, p *peer, rail string, v1 bool) *onesided.Client {
-	return c.rdmaDialLane(ctx, p, rail, v1, false)
-}
-
-// rdmaDialLane is rdmaDial for the scalar pool or (sg) the SG lane: depth 1, kept apart.
-func (c *Client) rdmaDialLane(ctx context.Context, p *peer, rail string, v1, sg bool) *onesided.Client {
-	o, r := c.opts.RDMA, &p.rdma
-	depth := c.rdmaDepth()
-	if sg {
-		depth = 1
-	}
-	prov, err := c.rdmaProvider()
-	if err != nil {
-		c.setTCPReason(err.Error())
-		return nil
-	}
-	pc, err := p.dial(ctx, false)
-	if err != nil {
-		return nil // the TCP path reports the failure
-	}
-	nc, ok := pc.nc.(net.Conn)
-	if !ok { // a transport whose streams are not net.Conns cannot carry the bootstrap
-		pc.nc.Close()
-		c.setTCPReason("the transport's connections cannot carry the RDMA bootstrap")
-		return nil
-	}
-	// A caller that gives up (a context ending, Close stopping a rail probe) interrupts the
-	// bootstrap by closing its connection; a connection closed that way is never pooled.
-	stop := context.AfterFunc(ctx, func() { nc.Close() })
-	defer stop()
-	pc.nc.SetDeadline(time.Now().Add(c.opts.IOTimeout))
-	req := wire.Request{Op: fb.OpRdmaBootstrap}
-	var resp wire.Response
-	if err = pc.send(&req); err == nil {
-		resp, err = pc.recv(fb.OpRdmaBootstrap)
-	}
-	if err != nil {
-		pc.nc.Close()
-		return nil
-	}
-	pc.nc.SetDeadline(time.Time{})
-	if resp.Status != fb.StatusOk {
-		pc.nc.Close()
-		c.markTCP(p, fmt.Sprintf("server %s does not serve RDMA", p.addr))
-		return nil
-	}
-	dev, err := c.rdmaDevice(prov, rail)
-	if err != nil {
-		pc.nc.Close()
-		switch {
-		case errors.Is(err, ErrClosed):
-		case rail != "": // this rail's local device will not open: avoid it for a while
-			c.quarantineRail(p, rail)
-			c.setTCPReason(err.Error())
-		default: // no device, or a pool that will not register: TCP
-			c.markTCP(p, err.Error())
-		}
-		return nil
-	}
-	oc, err := onesided.Dial(bufConn{Conn: nc, r: pc.br}, onesided.Config{Provider: prov, Device: dev.Name(), Shared: dev,
-		Depth: depth, MaxBlock: c.rdmaBlock(), IOTimeout: c.opts.IOTimeout, Logger: c.opts.Logger, Metrics: &c.rdma.m,
-		ForceV1: v1, MRCacheBytes: o.MRCacheBytes, GID: o.gidPolicy(),
-		Notify: onesided.NotifyConfig{Enabled: o.Notify, OOBFallback: o.NotifyOOBFallback, Handler: c.railNotice(p)}})
-	if !stop() { // the context ended during the bootstrap: not the rail's nor the server's fault
-		if err == nil {
-			oc.Close()
-		}
-		return nil
-	}
-	switch {
-	case err == nil:
-	case errors.Is(err, dcp.ErrFallbackV1):
-		r.mu.Lock()
-		r.v1 = true
-		r.mu.Unlock()
-		c.setTCPReason(fmt.Sprintf("server %s answers RDMA v1", p.addr))
-		return nil
-	case rail != "" && (errors.Is(err, verbs.ErrNoDevice) || errors.Is(err, verbs.ErrUnavailable)):
-		c.quarantineRail(p, rail) // this rail failed; others may not
-		c.setTCPReason(err.Error())
-		return nil
-	case errors.Is(err, onesided.ErrBusy): // the server's segment is exhausted right now: this op goes over TCP
-		c.setTCPReason(err.Error())
-		return nil
-	case rail != "": // a failed handshake on one rail: avoid that rail (probed back), not the server
-		c.quarantineRail(p, rail)
-		c.setTCPReason(err.Error())
-		return nil
-	default:
-		// No device here, a tail refused either way, a failed handshake (an RTR that
-		// cannot reach the peer, an answer that never came): the next op would fail the
-		// same way, so the server stays on TCP for a backoff.
-		c.markTCP(p, err.Error())
-		return nil
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		oc.Close()
-		return nil
-	}
-	r.refusal.ok()
-	switch {
-	case sg:
-		if r.sg.all == nil {
-			r.sg.all = map[*onesided.Client]string{}
-		}
-		r.sg.all[oc] = rail
-	default:
-		if r.all == nil {
-			r.all = map[*onesided.Client]string{}
-		}
-		r.all[oc] = rail
-	}
-	c.rdma.used.Store(true)
-	c.rdma.rm.conns.WithLabelValues(rail).Inc()
-	c.startJanitor()
-	return oc
-}
-
-// quarantineRail avoids rail towards p for RDMAOptions.RailQuarantine.
-func (c *Client) quarantineRail(p *peer, rail string) {
-	d := c.opts.RDMA.RailQuarantine
-	if d <= 0 {
-		d = defaultRailQuarantine
-	}
-	if p.rdma.quarantine(rail, d) {
-		c.rdma.rm.quarantines.WithLabelValues(rail).Inc()
-		c.opts.Logger.Warn("dfkv: rdma rail quarantined for a server", "server", p.addr, "rail", rail, "for", d)
-	}
-	c.startProbe(p, rail)
-}
-
-// railNotice handles a server's dfkv.rail notifications: a rail of this client's that the
-// server says is no longer healthy is quarantined towards it at once, before an op fails
-// on it (the membership's topology says the same a poll later). Recovery stays the
-// probe's, which checks the published health and a fresh connection.
-func (c *Client) railNotice(p *peer) func(name string, body []byte) {
-	return func(name string, body []byte) {
-		if name != onesided.NotifyRail {
-			return
-		}
-		dev, health, _, err := onesided.ParseRailEvent(body)
-		if err != nil {
-			c.opts.Logger.Debug("dfkv: rdma notification ignored", "server", p.addr, "err", err)
-			return
-		}
-		if _, mine := c.rdma.rc.tier[dev]; !mine || health == fb.RailHealthHealthy.String() {
-			return
-		}
-		go c.quarantineRail(p, dev) // the handler runs on the notification poller: never block it
-	}
-}
-
-// markTCP keeps p on TCP for its refusal backoff (refusalBackoff), saying why in
-// TransportMode and one log line per refusal.
-func (c *Client) markTCP(p *peer, why string) {
-	o := c.opts.RDMA
-	p.rdma.mu.Lock()
-	d := p.rdma.refusal.fail(time.Now(), o.RefusalBackoff, o.RefusalBackoffMax)
-	n := p.rdma.refusal.n
-	p.rdma.mu.Unlock()
-	c.opts.Logger.Info("dfkv: rdma not in use for a server; using TCP", "server", p.addr, "reason", why, "retry_in", d, "refusals", n)
-	c.setTCPReason(fmt.Sprintf("%s; TCP for %v, refusal %d", why, d, n))
-}
-
 // rdmaExec runs op over RDMA when p is served that way; handled is false for TCP peers.
 func (c *Client) rdmaExec(ctx context.Context, p *peer, op *onesided.Op) (handled bool, err error) {
-	if c.opts.RDMA != nil && op.MultiSGE() && !sgLaneOff.Load() {
-		return c.sgExec(ctx, p, op)
-	}
-	return c.rdmaDo(ctx, p, []*onesided.Op{op})
-}
-
-// rdmaDo runs ops as one window on one RDMA connection to p (up to the negotiated depth in
-// flight, replies in order); handled is false when p is served over TCP. On a broken
-// connection its rail is quarantined towards p and the unfinished ops that may run again
-// (splitReplay: reads, and writes known not to have been submitted) are replayed on
-// another usable rail (completed ones keep their bytes); a write that may have been
-// submitted keeps Status Unavailable and err says why. Every wait inside is bounded by
-// the I/O timeout (one deadline for the whole call, replays included) and by ctx. With a
-// rail whitelist, an op that finds its tier's rails out of credits waits (acquireRail) and
-// fails with ErrTimeout when the wait runs out: it never spills to a lower tier or to TCP.
-func (c *Client) rdmaDo(ctx context.Context, p *peer, ops []*onesided.Op) (handled bool, err error) {
-	oc, rail, cerr := c.rdmaConn(ctx, p)
-	if oc == nil {
-		if cerr != nil && !errors.Is(cerr, ErrNoCompatibleRail) {
-			for _, o := range ops { // credits never came: nothing was submitted
-				o.Status = fb.StatusUnavailable
-			}
-			return true, cerr
-		}
+	if c.opts.RDMA == nil {
 		return false, nil
 	}
-	dctx, cancel := context.WithTimeout(ctx, c.opts.IOTimeout)
-	defer cancel()
-	pending := ops
-	var ambErr error // set when some write may have been submitted on a rail that broke
-	for {
-		stale0 := oc.StaleDropped()
-		t0 := time.Now()
-		derr := oc.Do(dctx, pending)
-		c.railAccount(rail, oc, pending, stale0, derr)
-		if derr == nil {
-			c.railLatencyObserve(p, rail, time.Since(t0), len(pending))
-			c.rdma.rm.ops.WithLabelValues(rail).Add(float64(len(pending)))
-			p.markHealthy()
-			c.rdmaPut(p, oc, rail)
-			return true, ambErr
-		}
-		c.rdmaDrop(p, oc)
-		if cerr := ctx.Err(); cerr != nil {
-			return true, ctxErr(p.addr, cerr) // the caller's context ended: not the peer's fault
-		}
-		var rest []*onesided.Op
-		for _, o := range pending {
-			if o.Status == fb.StatusUnavailable {
-				rest = append(rest, o)
-			}
-		}
-		c.rdma.rm.ops.WithLabelValues(rail).Add(float64(len(pending) - len(rest)))
-		if dctx.Err() == nil && rail != "" {
-			c.quarantineRail(p, rail)
-			replay, amb := splitReplay(rest)
-			c.rdma.rm.ambiguous.WithLabelValues(rail).Add(float64(amb))
-			if len(replay) > 0 {
-				if noc, nrail, _ := c.rdmaConn(dctx, p); noc != nil && nrail != rail {
-					if amb > 0 {
-						ambErr = ioErr(p.addr, derr)
-					}
-					c.rdma.rm.replays.WithLabelValues(nrail).Add(float64(len(replay)))
-					c.opts.Logger.Info("dfkv: rdma rail broke; replaying unfinished work on another rail",
-						"server", p.addr, "from", rail, "to", nrail, "ops", len(replay), "ambiguous", amb, "err", derr)
-					oc, rail, pending = noc, nrail, replay
-					continue
-				} else if noc != nil {
-					c.rdmaPut(p, noc, nrail)
-				}
-			}
-			if _, perr := c.pickRail(p); perr == nil {
-				// Another rail of p is still usable: the rail failed, not (known) the peer.
-				return true, ioErr(p.addr, derr)
-			}
-		}
-		p.markFailed()
-		return true, ioErr(p.addr, derr)
-	}
+	return p.rdma.Exec(ctx, op)
 }
 
-func (c *Client) rdmaDepth() uint32 {
-	if d := c.opts.RDMA.Depth; d > 0 {
-		return d
-	}
-	return 4
-}
-
-func (c *Client) rdmaBlock() uint64 {
-	b := c.opts.RDMA.MaxBlock
-	if b == 0 {
-		b = 4 << 20
-	}
-	return min(b, c.opts.Limits.MaxValue)
-}
+func (c *Client) rdmaBlock() uint64 { return c.rdma.MaxBlock() }
 
 // rdmaStatus maps an RDMA op's outcome onto the client's errors.
 func rdmaStatus(err error, op *onesided.Op) error {
@@ -954,7 +324,7 @@ func (c *Client) rdmaChunk(ctx context.Context, op fb.Op, flags uint8, ch chunk)
 	if len(ops) == 0 {
 		return rest
 	}
-	done, unsent, err := c.rdmaRun(ctx, ch.p, ops)
+	done, unsent, err := ch.p.rdma.Run(ctx, ops)
 	if !done {
 		return ch.items
 	}

@@ -1,14 +1,14 @@
-package client
+package railset
 
 import (
 	"errors"
 	"math"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/dfkv/dfkv/go/internal/wire"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
@@ -128,8 +128,8 @@ func TestRailSlowFactorOption(t *testing.T) {
 		bad      bool
 	}{{0, defaultRailSlowFactor, false}, {-1, 0, false}, {1, 1, false}, {8, 8, false},
 		{0.5, 0, true}, {math.NaN(), 0, true}, {math.Inf(1), 0, true}} {
-		got, err := railSlowFactor(&RDMAOptions{RailSlowFactor: tc.in})
-		if tc.bad != (err != nil) || (!tc.bad && got != tc.want) || (tc.bad && !errors.Is(err, ErrInvalid)) {
+		got, err := railSlowFactor(&Options{RailSlowFactor: tc.in}, errInvalid)
+		if tc.bad != (err != nil) || (!tc.bad && got != tc.want) || (tc.bad && !errors.Is(err, errInvalid)) {
 			t.Errorf("factor %v: %v, %v", tc.in, got, err)
 		}
 	}
@@ -139,10 +139,6 @@ func TestRailSlowFactorOption(t *testing.T) {
 // railSlowShare-th pick; tier 1 (faster still) is never chosen for latency; with the
 // factor off the order stays round robin; peer health stays untouched.
 func TestRailOrderLatencyDemotion(t *testing.T) {
-	st, err := NewStatic([]Member{{ID: "n", Addr: "127.0.0.1:1", Weight: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	healthy := func(d string) wire.Rail { return wire.Rail{Device: d, Port: 1, Health: fb.RailHealthHealthy} }
 	for _, tc := range []struct {
 		name   string
@@ -150,23 +146,25 @@ func TestRailOrderLatencyDemotion(t *testing.T) {
 		demote bool
 	}{{"default factor", 0, true}, {"factor off", -1, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			ms := &railsMembership{Static: st, rails: []wire.Rail{healthy("a"), healthy("b"), healthy("c")}}
-			c, err := New(Options{Membership: ms, IOTimeout: 5 * time.Second, RDMA: &RDMAOptions{Provider: "soft",
-				Devices: []string{"a", "b", "c"}, Tiers: [][]string{{"a", "b"}, {"c"}}, RailProbeInterval: -1, RailSlowFactor: tc.factor}})
+			ms := &published{rails: []wire.Rail{healthy("a"), healthy("b"), healthy("c")}}
+			reg := prometheus.NewRegistry()
+			s, err := New(Options{PoolSize: 16, IOTimeout: 5 * time.Second, Published: ms.get, Registerer: reg, Provider: "soft",
+				Devices: []string{"a", "b", "c"}, Tiers: [][]string{{"a", "b"}, {"c"}}, RailProbeInterval: -1, RailSlowFactor: tc.factor})
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer c.Close()
-			p := c.peerFor(Member{ID: "n", Addr: "127.0.0.1:1"})
+			defer s.Close()
+			h := &testHost{addr: "127.0.0.1:1"}
+			p := s.NewPeer(h)
 			for range 8 {
-				c.railLatencyObserve(p, "a", 100*time.Millisecond, 1)
-				c.railLatencyObserve(p, "b", time.Millisecond, 1)
-				c.railLatencyObserve(p, "c", time.Microsecond, 1)
+				p.railLatencyObserve("a", 100*time.Millisecond, 1)
+				p.railLatencyObserve("b", time.Millisecond, 1)
+				p.railLatencyObserve("c", time.Microsecond, 1)
 			}
 			first := map[string]int{}
 			const picks = 8 * railSlowShare
 			for range picks {
-				order, err := c.railOrder(p)
+				order, err := p.railOrder()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -182,41 +180,54 @@ func TestRailOrderLatencyDemotion(t *testing.T) {
 				if first["a"] != picks/railSlowShare {
 					t.Fatalf("slow rail a first %d times in %d picks, want %d", first["a"], picks, picks/railSlowShare)
 				}
-				if n := railSeries(t, c, "dfkv_rdma_client_rail_latency_demotions_total", "a"); n != 1 {
+				if n := railSeries(t, reg, "dfkv_rdma_client_rail_latency_demotions_total", "a"); n != 1 {
 					t.Fatalf("%v demotions of a", n)
 				}
 				// a speeds up: its EWMA comes down and the demotion ends.
 				for range 20 {
-					c.railLatencyObserve(p, "a", time.Millisecond, 1)
+					p.railLatencyObserve("a", time.Millisecond, 1)
 				}
-				if _, err := c.railOrder(p); err != nil {
+				if _, err := p.railOrder(); err != nil {
 					t.Fatal(err)
 				}
-				if n := railSeries(t, c, "dfkv_rdma_client_rail_latency_restores_total", "a"); n != 1 {
+				if n := railSeries(t, reg, "dfkv_rdma_client_rail_latency_restores_total", "a"); n != 1 {
 					t.Fatalf("%v restores of a", n)
 				}
 			} else if first["a"] != picks/2 {
 				t.Fatalf("factor off: a first %d of %d picks (want round robin)", first["a"], picks)
 			}
-			if p.cooling() {
+			if h.failed.Load() != 0 || h.healthy.Load() != 0 {
 				t.Fatal("latency changed the peer's health")
 			}
 		})
 	}
 }
 
-// railSeries reads one rail's series from c's snapshot (0 when not exported yet).
-func railSeries(t *testing.T, c *Client, name, rail string) float64 {
+// railSeries reads one rail's counter from reg (0 when not exported yet).
+func railSeries(t *testing.T, reg *prometheus.Registry, name, rail string) float64 {
 	t.Helper()
-	prefix := name + `{rail="` + rail + `"} `
-	for _, line := range strings.Split(string(c.Snapshot()), "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("%q: %v", line, err)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if railLabel(m) == rail {
+				return m.GetCounter().GetValue()
 			}
-			return f
 		}
 	}
 	return 0
+}
+
+func railLabel(m *dto.Metric) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == "rail" {
+			return l.GetValue()
+		}
+	}
+	return ""
 }

@@ -1,4 +1,4 @@
-package client
+package railset
 
 import (
 	"context"
@@ -70,56 +70,57 @@ func (rc *railCredits) waitCh() <-chan struct{} {
 
 // railCreditBudget is the credits per rail towards one server (RailCredits, else MaxConns,
 // else the pool size).
-func (c *Client) railCreditBudget() int {
-	o := c.opts.RDMA
+func (s *Set) railCreditBudget() int {
+	o := &s.o
 	switch {
 	case o.RailCredits > 0:
 		return o.RailCredits
 	case o.MaxConns > 0:
 		return o.MaxConns
 	}
-	return max(c.opts.PoolSize, 1)
+	return max(o.PoolSize, 1)
 }
 
 // acquireRail chooses p's rail for one connection's use and takes a credit on it. Without
 // a whitelist it returns "" and takes nothing. The rails are those of the highest usable
 // tier (health and quarantine decide the tier), tried in preference order (primary, NUMA
 // locality, round robin); when all are at their budget it waits for one of that tier.
-func (c *Client) acquireRail(ctx context.Context, p *peer) (string, error) {
-	if len(c.rdma.rc.devices) == 0 {
+func (p *Peer) acquireRail(ctx context.Context) (string, error) {
+	s := p.s
+	if len(s.rc.devices) == 0 {
 		return "", nil
 	}
-	budget := c.railCreditBudget()
-	deadline := time.Now().Add(c.opts.IOTimeout)
+	budget := s.railCreditBudget()
+	deadline := time.Now().Add(s.o.IOTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
 	waited := false
 	for {
-		order, err := c.railOrder(p)
+		order, err := p.railOrder()
 		if err != nil {
 			return "", err
 		}
 		for _, rail := range order {
-			if p.rdma.px.credits.tryTake(rail, budget) {
-				c.rdma.rm.credits.WithLabelValues(rail).Inc()
+			if p.px.credits.tryTake(rail, budget) {
+				s.rm.credits.WithLabelValues(rail).Inc()
 				if waited {
-					c.rdma.rm.creditWaits.WithLabelValues(rail).Inc()
+					s.rm.creditWaits.WithLabelValues(rail).Inc()
 				}
 				return rail, nil
 			}
 		}
 		waited = true
-		wake := p.rdma.px.credits.waitCh()
+		wake := p.px.credits.waitCh()
 		left := time.Until(deadline)
 		if left <= 0 {
-			return "", fmt.Errorf("dfkv: server %s: every rail of %q at its %d credits: %w", p.addr, order, budget, ErrTimeout)
+			return "", fmt.Errorf("dfkv: server %s: every rail of %q at its %d credits: %w", p.addr, order, budget, s.o.Errors.Timeout)
 		}
 		t := time.NewTimer(min(left, railCreditRecheck))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return "", ctxErr(p.addr, ctx.Err())
+			return "", s.o.Errors.Ctx(p.addr, ctx.Err())
 		case <-wake:
 		case <-t.C:
 		}
@@ -128,10 +129,10 @@ func (c *Client) acquireRail(ctx context.Context, p *peer) (string, error) {
 }
 
 // releaseRail gives back a credit taken by acquireRail ("" took none).
-func (c *Client) releaseRail(p *peer, rail string) {
-	if rail == "" || len(c.rdma.rc.devices) == 0 {
+func (p *Peer) releaseRail(rail string) {
+	if rail == "" || len(p.s.rc.devices) == 0 {
 		return
 	}
-	p.rdma.px.credits.release(rail)
-	c.rdma.rm.credits.WithLabelValues(rail).Dec()
+	p.px.credits.release(rail)
+	p.s.rm.credits.WithLabelValues(rail).Dec()
 }

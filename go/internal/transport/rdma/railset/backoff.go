@@ -1,8 +1,8 @@
-package client
+package railset
 
 import "time"
 
-// Defaults of RDMAOptions.RefusalBackoff / RefusalBackoffMax.
+// Defaults of Options.RefusalBackoff / RefusalBackoffMax.
 const (
 	defaultRefusalBackoff    = time.Second
 	defaultRefusalBackoffMax = time.Minute
@@ -11,7 +11,7 @@ const (
 // refusalBackoff keeps a server on TCP after it refused RDMA (a server without RDMA, a
 // refused or failed handshake, an RTR that failed): the first refusal holds it off for the
 // base, each further one doubles that up to the bound, and a successful bootstrap resets
-// it. Without it every op paid a failed handshake (docs/RDMA.md §8). Guarded by peerRDMA.mu.
+// it. Without it every op paid a failed handshake (docs/RDMA.md §8). Guarded by Peer.mu.
 type refusalBackoff struct {
 	until time.Time     // on TCP until then
 	last  time.Duration // the last hold-off (0: no refusal since the last success)

@@ -1,4 +1,4 @@
-package client
+package railset
 
 import (
 	"context"
@@ -37,24 +37,24 @@ type railState struct {
 // railPeerState is the per-server part: credits, latency and the rails being probed.
 type railPeerState struct {
 	credits railCredits
-	lat     railLatency     // per-rail latency EWMAs (raillatency.go)
-	probing map[string]bool // guarded by peerRDMA.mu
+	lat     railLatency     // per-rail latency EWMAs (latency.go)
+	probing map[string]bool // guarded by Peer.mu
 }
 
-func (c *Client) railProbeInterval() time.Duration {
-	if d := c.opts.RDMA.RailProbeInterval; d != 0 {
+func (s *Set) railProbeInterval() time.Duration {
+	if d := s.o.RailProbeInterval; d != 0 {
 		return d
 	}
 	return defaultRailProbeInterval
 }
 
 // startProbe starts rail's prober towards p unless one runs or probing is off.
-func (c *Client) startProbe(p *peer, rail string) {
-	every := c.railProbeInterval()
+func (p *Peer) startProbe(rail string) {
+	every := p.s.railProbeInterval()
 	if every < 0 || rail == "" {
 		return
 	}
-	x := &c.rdma.rx
+	x := &p.s.rx
 	x.probeMu.Lock()
 	defer x.probeMu.Unlock()
 	if x.stopped {
@@ -63,26 +63,27 @@ func (c *Client) startProbe(p *peer, rail string) {
 	if x.probeStop == nil {
 		x.probeStop = make(chan struct{})
 	}
-	p.rdma.mu.Lock()
-	if p.rdma.px.probing[rail] || p.rdma.closed {
-		p.rdma.mu.Unlock()
+	p.mu.Lock()
+	if p.px.probing[rail] || p.closed {
+		p.mu.Unlock()
 		return
 	}
-	if p.rdma.px.probing == nil {
-		p.rdma.px.probing = map[string]bool{}
+	if p.px.probing == nil {
+		p.px.probing = map[string]bool{}
 	}
-	p.rdma.px.probing[rail] = true
-	p.rdma.mu.Unlock()
+	p.px.probing[rail] = true
+	p.mu.Unlock()
 	x.probeWG.Add(1)
-	go c.probeLoop(p, rail, every, x.probeStop)
+	go p.probeLoop(rail, every, x.probeStop)
 }
 
-func (c *Client) probeLoop(p *peer, rail string, every time.Duration, stop <-chan struct{}) {
-	defer c.rdma.rx.probeWG.Done()
+func (p *Peer) probeLoop(rail string, every time.Duration, stop <-chan struct{}) {
+	s := p.s
+	defer s.rx.probeWG.Done()
 	defer func() {
-		p.rdma.mu.Lock()
-		delete(p.rdma.px.probing, rail)
-		p.rdma.mu.Unlock()
+		p.mu.Lock()
+		delete(p.px.probing, rail)
+		p.mu.Unlock()
 	}()
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -92,25 +93,26 @@ func (c *Client) probeLoop(p *peer, rail string, every time.Duration, stop <-cha
 			return
 		case <-t.C:
 		}
-		if !p.rdma.quarantined(rail, time.Now()) {
+		if !p.quarantined(rail, time.Now()) {
 			return // the timer ended it (or another path did)
 		}
-		c.rdma.rm.probes.WithLabelValues(rail).Inc()
-		if c.probeRail(p, rail, stop) {
-			p.rdma.unquarantine(rail)
-			c.rdma.rm.recoveries.WithLabelValues(rail).Inc()
-			c.opts.Logger.Info("dfkv: rdma rail recovered after a probe", "server", p.addr, "rail", rail)
+		s.rm.probes.WithLabelValues(rail).Inc()
+		if p.probeRail(rail, stop) {
+			p.unquarantine(rail)
+			s.rm.recoveries.WithLabelValues(rail).Inc()
+			s.o.Logger.Info("dfkv: rdma rail recovered after a probe", "server", p.addr, "rail", rail)
 			return
 		}
 	}
 }
 
 // probeRail runs one probe: published usable, a fresh connection on rail, one EXIST.
-func (c *Client) probeRail(p *peer, rail string, stop <-chan struct{}) bool {
-	if !c.railPublishedUsable(p, rail) {
+func (p *Peer) probeRail(rail string, stop <-chan struct{}) bool {
+	s := p.s
+	if !p.railPublishedUsable(rail) {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.IOTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.IOTimeout)
 	defer cancel()
 	go func() { // Close interrupts a probe in flight
 		select {
@@ -119,37 +121,35 @@ func (c *Client) probeRail(p *peer, rail string, stop <-chan struct{}) bool {
 		case <-ctx.Done():
 		}
 	}()
-	if !p.rdma.px.credits.tryTake(rail, c.railCreditBudget()) {
+	if !p.px.credits.tryTake(rail, s.railCreditBudget()) {
 		return false
 	}
-	c.rdma.rm.credits.WithLabelValues(rail).Inc()
-	r := &p.rdma
-	r.mu.Lock()
-	v1 := r.v1 || c.opts.RDMA.ForceV1
-	r.mu.Unlock()
-	oc := c.rdmaDial(ctx, p, rail, v1)
+	s.rm.credits.WithLabelValues(rail).Inc()
+	p.mu.Lock()
+	v1 := p.v1 || s.o.ForceV1
+	p.mu.Unlock()
+	oc := p.dial(ctx, rail, v1)
 	if oc == nil {
-		c.releaseRail(p, rail)
+		p.releaseRail(rail)
 		return false
 	}
-	op := &onesided.Op{Kind: fb.OpExist, Tenant: c.tenant, ID: identity.ObjectID{Hi: rand.Uint64(), Lo: rand.Uint64()}}
+	op := &onesided.Op{Kind: fb.OpExist, Tenant: s.o.Tenant, ID: identity.ObjectID{Hi: rand.Uint64(), Lo: rand.Uint64()}}
 	err := oc.Do(ctx, []*onesided.Op{op})
-	c.railAccount(rail, oc, nil, 0, err) // stale completions the fresh QP dropped, a completion error
+	s.railAccount(rail, oc, nil, 0, err) // stale completions the fresh QP dropped, a completion error
 	if err != nil {
-		c.rdmaDrop(p, oc)
+		p.drop(oc)
 		return false
 	}
-	c.rdmaPut(p, oc, rail)
+	p.put(oc, rail)
 	return true
 }
 
 // railPublishedUsable: the server publishes rail usable (or publishes no rails).
-func (c *Client) railPublishedUsable(p *peer, rail string) bool {
-	rp, ok := c.opts.Membership.(railPublisher)
-	if !ok {
+func (p *Peer) railPublishedUsable(rail string) bool {
+	if p.s.o.Published == nil {
 		return true
 	}
-	published, _ := rp.PublishedRails(p.addr)
+	published := p.s.o.Published(p.addr)
 	if len(published) == 0 {
 		return true
 	}
@@ -162,8 +162,8 @@ func (c *Client) railPublishedUsable(p *peer, rail string) bool {
 }
 
 // stopProbes ends every prober and waits for them (Close).
-func (c *Client) stopProbes() {
-	x := &c.rdma.rx
+func (s *Set) stopProbes() {
+	x := &s.rx
 	x.probeMu.Lock()
 	x.stopped = true
 	if x.probeStop != nil {
@@ -174,7 +174,7 @@ func (c *Client) stopProbes() {
 }
 
 // unquarantine ends rail's quarantine towards this peer.
-func (r *peerRDMA) unquarantine(rail string) {
+func (r *Peer) unquarantine(rail string) {
 	r.mu.Lock()
 	delete(r.quar, rail)
 	r.mu.Unlock()

@@ -1,4 +1,4 @@
-package client
+package railset
 
 import (
 	"time"
@@ -11,9 +11,6 @@ import (
 // tier follow (they take the load when the local ones are out of credits). Locality never
 // picks a lower tier.
 
-// AutoNUMANode in RDMAOptions.NUMANode: the node of the CPU that calls New.
-const AutoNUMANode = -1
-
 // callerNUMANode is the NUMA node of the CPU this thread runs on (-1 when unknown).
 func callerNUMANode() int {
 	node, err := getcpuNode()
@@ -24,9 +21,9 @@ func callerNUMANode() int {
 }
 
 // railNodes maps each whitelisted device to its NUMA node (-1 unknown) from the provider.
-func (c *Client) railNodes() map[string]int {
+func (s *Set) railNodes() map[string]int {
 	out := map[string]int{}
-	prov, err := c.rdmaProvider()
+	prov, err := s.provider()
 	if err != nil {
 		return out
 	}
@@ -67,32 +64,33 @@ func orderRails(cands []string, primary string, rr uint32, node int, nodeOf map[
 }
 
 // numaView returns the caller's node (-1: NUMA off or unknown) and each device's node.
-func (c *Client) numaView() (int, map[string]int) {
-	x := &c.rdma.rx
-	if !c.opts.RDMA.NUMA {
+func (s *Set) numaView() (int, map[string]int) {
+	x := &s.rx
+	if !s.o.NUMA {
 		return -1, nil
 	}
-	x.nodesOnce.Do(func() { x.nodeOf = c.railNodes() })
+	x.nodesOnce.Do(func() { x.nodeOf = s.railNodes() })
 	return x.numaNode, x.nodeOf
 }
 
 // railOrder is p's usable rails of the highest usable tier in preference order (primary,
 // NUMA locality, round robin; then latency demotion inside that tier).
-func (c *Client) railOrder(p *peer) ([]string, error) {
-	rc := &c.rdma.rc
+func (p *Peer) railOrder() ([]string, error) {
+	s := p.s
+	rc := &s.rc
 	var published []wire.Rail
-	if rp, ok := c.opts.Membership.(railPublisher); ok {
-		published, _ = rp.PublishedRails(p.addr)
+	if s.o.Published != nil {
+		published = s.o.Published(p.addr)
 	}
 	now := time.Now()
-	cands, err := rc.candidates(published, func(d string) bool { return !p.rdma.quarantined(d, now) })
+	cands, err := rc.candidates(published, func(d string) bool { return !p.quarantined(d, now) })
 	if err != nil {
 		return nil, err
 	}
-	p.rdma.mu.Lock()
-	i := p.rdma.rr
-	p.rdma.rr++
-	p.rdma.mu.Unlock()
-	node, nodeOf := c.numaView()
-	return c.demoteSlowRails(p, orderRails(cands, rc.primary, i, node, nodeOf)), nil
+	p.mu.Lock()
+	i := p.rr
+	p.rr++
+	p.mu.Unlock()
+	node, nodeOf := s.numaView()
+	return p.demoteSlowRails(orderRails(cands, rc.primary, i, node, nodeOf)), nil
 }

@@ -1,12 +1,10 @@
-package client
+package railset
 
 import (
 	"context"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dfkv/dfkv/go/internal/transport/rdma/onesided"
 	"github.com/dfkv/dfkv/go/internal/wire/fb"
@@ -17,7 +15,7 @@ import (
 // share a QP with another request in flight. NICs have been seen to overlap multi-SGE
 // writes of distinct registered ranges on one QP and fail them with protection errors, so
 // these requests get their own pool of connections per server, each negotiated at depth 1;
-// a batch's SG requests still fan out over up to RDMAOptions.Depth such connections at
+// a batch's SG requests still fan out over up to Options.Depth such connections at
 // once, so the batch keeps its width while every QP carries one request (one registered
 // range set) at a time.
 
@@ -25,65 +23,40 @@ import (
 // (tests only: it shows the per-QP series would catch an overlap).
 var sgLaneOff atomic.Bool
 
-// sgLane is one server's SG-lane connections; guarded by its peerRDMA's mu.
+// SetSGLaneOff switches the SG lane off (every Set of the process) until restore is called.
+// Tests only: with the lane off the per-QP series catch the overlap it prevents.
+func SetSGLaneOff(off bool) (restore func()) {
+	old := sgLaneOff.Swap(off)
+	return func() { sgLaneOff.Store(old) }
+}
+
+// sgLane is one server's SG-lane connections; guarded by its Peer's mu.
 type sgLane struct {
 	idle    []idleConn                  // most recently used last
 	all     map[*onesided.Client]string // every open lane connection and its rail
 	dialing int                         // lane bootstraps in progress (count against the bound)
 }
 
-// sgLaneMetrics are the client's SG lane series.
-type sgLaneMetrics struct {
-	opened  prometheus.Counter
-	full    prometheus.Counter
-	busy    atomic.Int64 // lane connections running a request now
-	busyMax atomic.Int64 // the most ever at once: the width a batch reached
-}
-
-func (c *Client) registerSGLaneMetrics() {
-	m := &sgLaneMetrics{
-		opened: prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_rdma_sg_lane_conns_opened_total",
-			Help: "SG lane RDMA connections (depth 1, multi-SGE requests only) this client opened."}),
-		full: prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_rdma_sg_lane_full_total",
-			Help: "A batch wanted another SG lane connection to a server and the lane was at its bound."}),
-	}
-	c.m.reg.MustRegister(m.opened, m.full,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dfkv_rdma_sg_lane_conns",
-			Help: "SG lane RDMA connections open now (all servers)."}, func() float64 { return float64(c.sgLaneConns()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dfkv_rdma_sg_lane_busy",
-			Help: "SG lane connections running a request now."}, func() float64 { return float64(m.busy.Load()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dfkv_rdma_sg_lane_busy_max",
-			Help: "The most SG lane connections ever running a request at once (a batch's SG width)."},
-			func() float64 { return float64(m.busyMax.Load()) }))
-	c.rdma.sg = m
-}
-
-func (c *Client) sgLaneConns() int {
-	c.mu.RLock()
-	peers := make([]*peer, 0, len(c.peers))
-	for _, p := range c.peers {
-		peers = append(peers, p)
-	}
-	c.mu.RUnlock()
+func (s *Set) sgLaneConns() int {
 	n := 0
-	for _, p := range peers {
-		p.rdma.mu.Lock()
-		n += len(p.rdma.sg.all)
-		p.rdma.mu.Unlock()
+	for _, p := range s.peerList() {
+		p.mu.Lock()
+		n += len(p.sg.all)
+		p.mu.Unlock()
 	}
 	return n
 }
 
-// sgLaneMax bounds one server's SG lane connections: RDMAOptions.SGLaneConns, default the
+// sgLaneMax bounds one server's SG lane connections: Options.SGLaneConns, default the
 // scalar pool's bound. A lane connection leases one receive slot, a scalar one Depth.
-func (c *Client) sgLaneMax() int {
-	if n := c.opts.RDMA.SGLaneConns; n > 0 {
+func (s *Set) sgLaneMax() int {
+	if n := s.o.SGLaneConns; n > 0 {
 		return n
 	}
-	if n := c.opts.RDMA.MaxConns; n > 0 {
+	if n := s.o.MaxConns; n > 0 {
 		return n
 	}
-	return c.opts.PoolSize
+	return s.o.PoolSize
 }
 
 // takeIdleLocked removes the idle lane connections drop selects and returns them for the
@@ -103,30 +76,30 @@ func (l *sgLane) closeLocked() {
 }
 
 // sgConn returns an idle or new SG lane connection to p and its rail, or nil (p is served
-// over TCP, no rail is usable, or the lane is at its bound). Like rdmaConn, a dial that
+// over TCP, no rail is usable, or the lane is at its bound). Like conn, a dial that
 // fails on its rail before anything was submitted tries the next candidate rail.
-func (c *Client) sgConn(ctx context.Context, p *peer) (*onesided.Client, string) {
-	for range len(c.rdma.rc.devices) {
-		oc, rail, err := c.sgConnOnce(ctx, p)
-		if oc != nil || err != nil || rail == "" || !p.rdma.quarantined(rail, time.Now()) || ctx.Err() != nil {
+func (p *Peer) sgConn(ctx context.Context) (*onesided.Client, string) {
+	for range len(p.s.rc.devices) {
+		oc, rail, err := p.sgConnOnce(ctx)
+		if oc != nil || err != nil || rail == "" || !p.quarantined(rail, time.Now()) || ctx.Err() != nil {
 			return oc, rail
 		}
 	}
-	oc, rail, _ := c.sgConnOnce(ctx, p)
+	oc, rail, _ := p.sgConnOnce(ctx)
 	return oc, rail
 }
 
-func (c *Client) sgConnOnce(ctx context.Context, p *peer) (*onesided.Client, string, error) {
-	r := &p.rdma
+func (p *Peer) sgConnOnce(ctx context.Context) (*onesided.Client, string, error) {
+	s, r := p.s, p
 	r.mu.Lock()
 	if r.refusal.active(time.Now()) || r.closed {
 		r.mu.Unlock()
 		return nil, "", nil
 	}
 	r.mu.Unlock()
-	rail, err := c.pickRail(p)
+	rail, err := p.pickRail()
 	if err != nil {
-		c.rdma.rm.noRail.Inc()
+		s.rm.noRail.Inc()
 		return nil, "", err
 	}
 	r.mu.Lock()
@@ -138,34 +111,34 @@ func (c *Client) sgConnOnce(ctx context.Context, p *peer) (*onesided.Client, str
 			return oc, rail, nil
 		}
 	}
-	if len(r.sg.all)+r.sg.dialing >= c.sgLaneMax() {
+	if len(r.sg.all)+r.sg.dialing >= s.sgLaneMax() {
 		r.mu.Unlock()
-		c.rdma.sg.full.Inc()
+		s.sg.full.Inc()
 		return nil, "", nil
 	}
 	r.sg.dialing++
-	v1 := r.v1 || c.opts.RDMA.ForceV1
+	v1 := r.v1 || s.o.ForceV1
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
 		r.sg.dialing--
 		r.mu.Unlock()
 	}()
-	oc := c.rdmaDialLane(ctx, p, rail, v1, true)
+	oc := p.dialLane(ctx, rail, v1, true)
 	if oc == nil && !v1 && r.speaksV1() {
-		oc = c.rdmaDialLane(ctx, p, rail, true, true)
+		oc = p.dialLane(ctx, rail, true, true)
 	}
 	if oc != nil {
-		c.rdma.sg.opened.Inc()
+		s.sg.opened.Inc()
 	}
 	return oc, rail, nil
 }
 
 // sgPut returns a lane connection to p's lane (or closes it past the lane's bound).
-func (c *Client) sgPut(p *peer, oc *onesided.Client, rail string) {
-	r := &p.rdma
+func (p *Peer) sgPut(oc *onesided.Client, rail string) {
+	r := p
 	r.mu.Lock()
-	if _, ok := r.sg.all[oc]; ok && !r.closed && len(r.sg.idle) < c.sgLaneMax() {
+	if _, ok := r.sg.all[oc]; ok && !r.closed && len(r.sg.idle) < p.s.sgLaneMax() {
 		r.sg.idle = append(r.sg.idle, idleConn{oc: oc, rail: rail, since: time.Now()})
 		oc = nil
 	} else {
@@ -178,19 +151,19 @@ func (c *Client) sgPut(p *peer, oc *onesided.Client, rail string) {
 }
 
 // sgDrop closes a broken lane connection.
-func (c *Client) sgDrop(p *peer, oc *onesided.Client) {
-	p.rdma.mu.Lock()
-	delete(p.rdma.sg.all, oc)
-	p.rdma.mu.Unlock()
+func (p *Peer) sgDrop(oc *onesided.Client) {
+	p.mu.Lock()
+	delete(p.sg.all, oc)
+	p.mu.Unlock()
 	oc.Close()
 }
 
-// rdmaRun runs one batch chunk's ops over RDMA: multi-SGE ops on the SG lane, the others as
+// Run runs one batch chunk's ops over RDMA: multi-SGE ops on the SG lane, the others as
 // one window on a scalar connection, both at once. handled is false when nothing ran over
 // RDMA (p is served over TCP); unsent are ops never submitted (the lane or the scalar pool
 // was full, or p is on TCP), which the caller sends over TCP. err is for the ops left with
 // Status Unavailable.
-func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (handled bool, unsent map[*onesided.Op]bool, err error) {
+func (p *Peer) Run(ctx context.Context, ops []*onesided.Op) (handled bool, unsent map[*onesided.Op]bool, err error) {
 	var scalar, sg []*onesided.Op
 	for _, o := range ops {
 		if o.MultiSGE() && !sgLaneOff.Load() {
@@ -200,7 +173,7 @@ func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (hand
 		}
 	}
 	if len(sg) == 0 {
-		handled, err = c.rdmaDo(ctx, p, ops)
+		handled, err = p.do(ctx, ops)
 		return handled, nil, err
 	}
 	var (
@@ -214,10 +187,10 @@ func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (hand
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sHandled, sErr = c.rdmaDo(ctx, p, scalar)
+			sHandled, sErr = p.do(ctx, scalar)
 		}()
 	}
-	laneUnsent, laneErr = c.sgRun(ctx, p, sg)
+	laneUnsent, laneErr = p.sgRun(ctx, sg)
 	// What the lane could not take (at its bound, or the server refused another lease) runs
 	// one request at a time on scalar connections: still one multi-SGE request per QP, and
 	// still RDMA. Only what those cannot take either goes over TCP.
@@ -225,7 +198,7 @@ func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (hand
 		if !laneUnsent[o] {
 			continue
 		}
-		h, e := c.rdmaDo(ctx, p, []*onesided.Op{o})
+		h, e := p.do(ctx, []*onesided.Op{o})
 		if !h {
 			continue
 		}
@@ -253,30 +226,31 @@ func (c *Client) rdmaRun(ctx context.Context, p *peer, ops []*onesided.Op) (hand
 
 // sgExec runs one multi-SGE op on the SG lane, else alone on a scalar connection (one
 // request in flight there too); handled is false when it was not sent.
-func (c *Client) sgExec(ctx context.Context, p *peer, op *onesided.Op) (handled bool, err error) {
-	unsent, err := c.sgRun(ctx, p, []*onesided.Op{op})
+func (p *Peer) sgExec(ctx context.Context, op *onesided.Op) (handled bool, err error) {
+	unsent, err := p.sgRun(ctx, []*onesided.Op{op})
 	if unsent[op] {
-		return c.rdmaDo(ctx, p, []*onesided.Op{op})
+		return p.do(ctx, []*onesided.Op{op})
 	}
 	return true, err
 }
 
-// sgRun runs multi-SGE ops on p's SG lane: up to RDMAOptions.Depth lane connections at
+// sgRun runs multi-SGE ops on p's SG lane: up to Options.Depth lane connections at
 // once, one request in flight on each. It returns the ops never submitted (no lane
 // connection could be had for them: they may go over TCP, even PUTs) and the error of the
 // ops left Unavailable. A broken lane connection quarantines its rail towards p; its GET or
 // EXIST is replayed on a lane connection of another rail; a PUT or REMOVE that may have
 // been submitted is not. Every wait is bounded by one I/O deadline for the whole call.
-func (c *Client) sgRun(ctx context.Context, p *peer, ops []*onesided.Op) (unsent map[*onesided.Op]bool, err error) {
+func (p *Peer) sgRun(ctx context.Context, ops []*onesided.Op) (unsent map[*onesided.Op]bool, err error) {
+	s := p.s
 	unsent = map[*onesided.Op]bool{}
 	type laneConn struct {
 		oc   *onesided.Client
 		rail string
 	}
-	width := min(int(c.rdmaDepth()), len(ops))
+	width := min(int(s.depth()), len(ops))
 	var conns []laneConn
 	for len(conns) < width {
-		oc, rail := c.sgConn(ctx, p)
+		oc, rail := p.sgConn(ctx)
 		if oc == nil {
 			break
 		}
@@ -288,7 +262,7 @@ func (c *Client) sgRun(ctx context.Context, p *peer, ops []*onesided.Op) (unsent
 		}
 		return unsent, nil
 	}
-	dctx, cancel := context.WithTimeout(ctx, c.opts.IOTimeout)
+	dctx, cancel := context.WithTimeout(ctx, s.o.IOTimeout)
 	defer cancel()
 	for _, o := range ops { // until its reply arrives an op reads Unavailable
 		o.Status = fb.StatusUnavailable
@@ -307,7 +281,7 @@ func (c *Client) sgRun(ctx context.Context, p *peer, ops []*onesided.Op) (unsent
 		}
 		mu.Unlock()
 	}
-	m := c.rdma.sg
+	m := s.sg
 	for _, lc := range conns {
 		wg.Add(1)
 		go func(oc *onesided.Client, rail string) {
@@ -326,43 +300,43 @@ func (c *Client) sgRun(ctx context.Context, p *peer, ops []*onesided.Op) (unsent
 					t0 := time.Now()
 					derr := oc.Do(dctx, []*onesided.Op{op})
 					m.busy.Add(-1)
-					c.railAccount(rail, oc, []*onesided.Op{op}, stale0, derr) // bytes, stale completions, a completion error
+					s.railAccount(rail, oc, []*onesided.Op{op}, stale0, derr) // bytes, stale completions, a completion error
 					if derr == nil {
-						c.railLatencyObserve(p, rail, time.Since(t0), 1)
-						c.rdma.rm.ops.WithLabelValues(rail).Inc()
+						p.railLatencyObserve(rail, time.Since(t0), 1)
+						s.rm.ops.WithLabelValues(rail).Inc()
 						break
 					}
-					c.sgDrop(p, oc)
+					p.sgDrop(oc)
 					oc = nil
 					if cerr := ctx.Err(); cerr != nil {
-						fail(ctxErr(p.addr, cerr))
+						fail(s.o.Errors.Ctx(p.addr, cerr))
 						return
 					}
 					if dctx.Err() == nil && rail != "" {
-						c.quarantineRail(p, rail)
+						p.quarantineRail(rail)
 						if replay, _ := splitReplay([]*onesided.Op{op}); len(replay) == 1 { // a read, or a write never posted
-							if noc, nrail := c.sgConn(dctx, p); noc != nil && nrail != rail {
-								c.rdma.rm.replays.WithLabelValues(nrail).Inc()
-								c.opts.Logger.Info("dfkv: rdma rail broke; replaying an SG read on another rail",
+							if noc, nrail := p.sgConn(dctx); noc != nil && nrail != rail {
+								s.rm.replays.WithLabelValues(nrail).Inc()
+								s.o.Logger.Info("dfkv: rdma rail broke; replaying an SG read on another rail",
 									"server", p.addr, "from", rail, "to", nrail, "err", derr)
 								oc, rail = noc, nrail
 								continue
 							} else if noc != nil {
-								c.sgPut(p, noc, nrail)
+								p.sgPut(noc, nrail)
 							}
 						}
-						if _, perr := c.pickRail(p); perr == nil {
-							fail(ioErr(p.addr, derr)) // another rail is usable: the rail failed, not the peer
+						if _, perr := p.pickRail(); perr == nil {
+							fail(s.o.Errors.IO(p.addr, derr)) // another rail is usable: the rail failed, not the peer
 							return
 						}
 					}
-					p.markFailed()
-					fail(ioErr(p.addr, derr))
+					p.h.MarkFailed()
+					fail(s.o.Errors.IO(p.addr, derr))
 					return
 				}
 			}
-			p.markHealthy()
-			c.sgPut(p, oc, rail)
+			p.h.MarkHealthy()
+			p.sgPut(oc, rail)
 		}(lc.oc, lc.rail)
 	}
 	wg.Wait()

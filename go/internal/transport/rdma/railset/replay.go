@@ -1,4 +1,4 @@
-package client
+package railset
 
 import (
 	"errors"
@@ -32,8 +32,8 @@ func splitReplay(unfinished []*onesided.Op) (replay []*onesided.Op, ambiguous in
 
 // railAccount adds one window's outcome to rail's series: the value bytes of completed
 // ops, the stale completions its connection dropped, a completion error that broke it.
-func (c *Client) railAccount(rail string, oc *onesided.Client, ops []*onesided.Op, stale0 int64, derr error) {
-	rm := c.rdma.rm
+func (s *Set) railAccount(rail string, oc *onesided.Client, ops []*onesided.Op, stale0 int64, derr error) {
+	rm := s.rm
 	var n uint64
 	for _, o := range ops {
 		if o.Status != fb.StatusOk {
@@ -56,4 +56,12 @@ func (c *Client) railAccount(rail string, oc *onesided.Client, ops []*onesided.O
 	if derr != nil && errors.As(derr, &ce) {
 		rm.compErrors.WithLabelValues(rail).Inc()
 	}
+}
+
+func segsLen(segs [][]byte) uint64 {
+	var n uint64
+	for _, s := range segs {
+		n += uint64(len(s))
+	}
+	return n
 }

@@ -1,7 +1,6 @@
-package client
+package railset
 
 import (
-	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -102,30 +101,17 @@ func splitSlow(order []string, stats map[string]*railLat, factor float64, primar
 	return kept, slow
 }
 
-// railSlowFactor resolves RDMAOptions.RailSlowFactor: 0 = default, < 0 = off (0 returned).
-func railSlowFactor(o *RDMAOptions) (float64, error) {
-	f := o.RailSlowFactor
-	switch {
-	case math.IsNaN(f) || math.IsInf(f, 0) || (f > 0 && f < 1):
-		return 0, fmt.Errorf("dfkv: rdma rail slow factor %v: want >= 1, 0 (default %v) or < 0 (off): %w", f, defaultRailSlowFactor, ErrInvalid)
-	case f == 0:
-		return defaultRailSlowFactor, nil
-	case f < 0:
-		return 0, nil
-	}
-	return f, nil
-}
-
 // demoteSlowRails applies latency demotion to order (p's chosen tier in preference order)
 // and counts demotions and restores per rail.
-func (c *Client) demoteSlowRails(p *peer, order []string) []string {
-	factor := c.rdma.rc.slowFactor
+func (p *Peer) demoteSlowRails(order []string) []string {
+	s := p.s
+	factor := s.rc.slowFactor
 	if factor <= 0 || len(order) < 2 {
 		return order
 	}
-	l := &p.rdma.px.lat
+	l := &p.px.lat
 	l.mu.Lock()
-	kept, slow := splitSlow(order, l.rails, factor, c.rdma.rc.primary)
+	kept, slow := splitSlow(order, l.rails, factor, s.rc.primary)
 	var demoted, restored []string
 	for _, d := range order {
 		st := l.rails[d]
@@ -150,12 +136,12 @@ func (c *Client) demoteSlowRails(p *peer, order []string) []string {
 	}
 	l.mu.Unlock()
 	for _, d := range demoted {
-		c.rdma.rm.latDemotions.WithLabelValues(d).Inc()
-		c.opts.Logger.Info("dfkv: rdma rail slow towards a server; demoted inside its tier", "server", p.addr, "rail", d, "factor", factor)
+		s.rm.latDemotions.WithLabelValues(d).Inc()
+		s.o.Logger.Info("dfkv: rdma rail slow towards a server; demoted inside its tier", "server", p.addr, "rail", d, "factor", factor)
 	}
 	for _, d := range restored {
-		c.rdma.rm.latRestores.WithLabelValues(d).Inc()
-		c.opts.Logger.Info("dfkv: rdma rail no longer slow towards a server; demotion ended", "server", p.addr, "rail", d)
+		s.rm.latRestores.WithLabelValues(d).Inc()
+		s.o.Logger.Info("dfkv: rdma rail no longer slow towards a server; demotion ended", "server", p.addr, "rail", d)
 	}
 	if len(slow) == 0 {
 		return order
@@ -168,13 +154,13 @@ func (c *Client) demoteSlowRails(p *peer, order []string) []string {
 }
 
 // railLatencyObserve records a successful window of n ops on rail towards p that took d.
-func (c *Client) railLatencyObserve(p *peer, rail string, d time.Duration, n int) {
+func (p *Peer) railLatencyObserve(rail string, d time.Duration, n int) {
 	if n <= 0 {
 		return
 	}
 	perOp := d.Seconds() / float64(n)
-	c.rdma.rm.latency.WithLabelValues(rail).Observe(perOp)
-	if c.rdma.rc.slowFactor > 0 {
-		p.rdma.px.lat.observe(rail, perOp)
+	p.s.rm.latency.WithLabelValues(rail).Observe(perOp)
+	if p.s.rc.slowFactor > 0 {
+		p.px.lat.observe(rail, perOp)
 	}
 }

@@ -1,10 +1,13 @@
-package client
+package railset
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,53 +95,75 @@ func TestSplitReplay(t *testing.T) {
 	}
 }
 
-// railsMembership is a static membership that publishes rails for its one member (an
-// in-memory stand-in for the MDS topology, for this layer's test only).
-type railsMembership struct {
-	*Static
+// published is a server's rail record the tests change (an in-memory stand-in for the MDS
+// topology).
+type published struct {
 	mu    sync.Mutex
 	rails []wire.Rail
 }
 
-func (m *railsMembership) PublishedRails(string) ([]wire.Rail, bool) {
+func (m *published) get(string) []wire.Rail {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Clone(m.rails), true
+	return slices.Clone(m.rails)
 }
 
+func (m *published) set(rails []wire.Rail) {
+	m.mu.Lock()
+	m.rails = rails
+	m.mu.Unlock()
+}
+
+// testErrors map as go/client's do: a deadline that ends a wait is a timeout too.
+var testErrors = Errors{Invalid: errInvalid, Timeout: errTimeout, Ctx: func(addr string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: %w: %w", addr, errTimeout, err)
+	}
+	return fmt.Errorf("%s: %w", addr, err)
+}}
+
+// testHost is a server that never serves RDMA; it counts the health verdicts.
+type testHost struct {
+	addr            string
+	healthy, failed atomic.Int32
+}
+
+func (h *testHost) Addr() string { return h.addr }
+func (h *testHost) Bootstrap(context.Context) (net.Conn, error) {
+	return nil, errors.New("no server in this test")
+}
+func (h *testHost) MarkHealthy() { h.healthy.Add(1) }
+func (h *testHost) MarkFailed()  { h.failed.Add(1) }
+
 // acquireRail: a tier-0 rail out of credits makes the op wait (never tier 1); a release
-// wakes it onto tier 0; a deadline that runs out is ErrTimeout; only health (a
-// quarantine of every tier-0 rail) moves it to tier 1.
+// wakes it onto tier 0; a deadline that runs out is Timeout; only health (a quarantine of
+// every tier-0 rail) moves it to tier 1.
 func TestAcquireRailBackpressure(t *testing.T) {
-	st, err := NewStatic([]Member{{ID: "n", Addr: "127.0.0.1:1", Weight: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	healthy := func(d string) wire.Rail { return wire.Rail{Device: d, Port: 1, Health: fb.RailHealthHealthy} }
-	ms := &railsMembership{Static: st, rails: []wire.Rail{healthy("a"), healthy("b")}}
-	c, err := New(Options{Membership: ms, IOTimeout: 5 * time.Second, RDMA: &RDMAOptions{Provider: "soft",
-		Devices: []string{"a", "b"}, Tiers: [][]string{{"a"}, {"b"}}, RailCredits: 1, RailProbeInterval: -1}})
+	ms := &published{rails: []wire.Rail{healthy("a"), healthy("b")}}
+	s, err := New(Options{PoolSize: 16, IOTimeout: 5 * time.Second, Published: ms.get, Errors: testErrors,
+		Provider: "soft", Devices: []string{"a", "b"}, Tiers: [][]string{{"a"}, {"b"}}, RailCredits: 1, RailProbeInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	p := c.peerFor(Member{ID: "n", Addr: "127.0.0.1:1"})
+	defer s.Close()
+	p := s.NewPeer(&testHost{addr: "127.0.0.1:1"})
 	ctx := context.Background()
-	rail, err := c.acquireRail(ctx, p)
+	rail, err := p.acquireRail(ctx)
 	if err != nil || rail != "a" {
 		t.Fatalf("first: %q %v", rail, err)
 	}
 	// a is at its budget: a short deadline times out rather than taking b.
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Millisecond)
-	rail, err = c.acquireRail(sctx, p)
+	rail, err = p.acquireRail(sctx)
 	cancel()
-	if !errors.Is(err, ErrTimeout) || rail != "" {
-		t.Fatalf("out of credits: %q %v (want ErrTimeout, no rail)", rail, err)
+	if !errors.Is(err, errTimeout) || rail != "" {
+		t.Fatalf("out of credits: %q %v (want Timeout, no rail)", rail, err)
 	}
 	// A waiter gets a when the holder gives it back.
 	got := make(chan string, 1)
 	go func() {
-		r, err := c.acquireRail(ctx, p)
+		r, err := p.acquireRail(ctx)
 		if err != nil {
 			r = err.Error()
 		}
@@ -149,23 +174,21 @@ func TestAcquireRailBackpressure(t *testing.T) {
 		t.Fatalf("took %q while a was busy", r)
 	case <-time.After(100 * time.Millisecond):
 	}
-	c.releaseRail(p, "a")
+	p.releaseRail("a")
 	if r := <-got; r != "a" {
 		t.Fatalf("after the release: %q", r)
 	}
-	if n := p.rdma.px.credits.used("b"); n != 0 {
+	if n := p.px.credits.used("b"); n != 0 {
 		t.Fatalf("tier 1 credits taken: %d", n)
 	}
 	// Health, not congestion, moves tiers: a quarantined, the op goes to b at once.
-	p.rdma.quarantine("a", time.Minute)
-	if rail, err := c.acquireRail(ctx, p); err != nil || rail != "b" {
+	p.quarantine("a", time.Minute)
+	if rail, err := p.acquireRail(ctx); err != nil || rail != "b" {
 		t.Fatalf("tier 0 quarantined: %q %v", rail, err)
 	}
 	// Published unhealthy everywhere: no compatible rail (client-local, no wait).
-	ms.mu.Lock()
-	ms.rails = []wire.Rail{{Device: "a", Health: fb.RailHealthDown}, {Device: "b", Health: fb.RailHealthDown}}
-	ms.mu.Unlock()
-	if _, err := c.acquireRail(ctx, p); !errors.Is(err, ErrNoCompatibleRail) {
+	ms.set([]wire.Rail{{Device: "a", Health: fb.RailHealthDown}, {Device: "b", Health: fb.RailHealthDown}})
+	if _, err := p.acquireRail(ctx); !errors.Is(err, ErrNoCompatibleRail) {
 		t.Fatalf("nothing usable: %v", err)
 	}
 }
