@@ -23,6 +23,7 @@ const maxHotKeys = 4096
 
 type hotSeen struct {
 	replicas uint8
+	skip     bool // the primary left the rotation (wire.Hot.SkipPrimary)
 	until    time.Time
 }
 
@@ -56,13 +57,14 @@ func (t *hotTable) learn(id identity.ObjectID, h wire.Hot) {
 			return // full of live hints: this key is read from its primary
 		}
 	}
-	t.keys[id] = hotSeen{replicas: h.Replicas, until: time.Now().Add(time.Duration(h.ValidMS) * time.Millisecond)}
+	t.keys[id] = hotSeen{replicas: h.Replicas, skip: h.SkipPrimary, until: time.Now().Add(time.Duration(h.ValidMS) * time.Millisecond)}
 }
 
 // pick returns which copy of id this read goes to: 0 = the primary, i = the i-th replica.
 // Each client rotates over all copies from its own starting point: sticking to one copy per
 // client would spread a key over at most as many nodes as there are clients, and with few
 // engine processes two of them landing on one node made it the busiest (32-node replay).
+// When the primary says so (SkipPrimary) the rotation covers the replicas alone.
 func (t *hotTable) pick(id identity.ObjectID) (idx, replicas int) {
 	t.mu.Lock()
 	s, ok := t.keys[id]
@@ -73,6 +75,9 @@ func (t *hotTable) pick(id identity.ObjectID) (idx, replicas int) {
 	x := (t.salt ^ id.Lo ^ id.Hi*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9
 	x ^= x >> 32
 	x += t.next.Add(1)
+	if s.skip {
+		return 1 + int(x%uint64(s.replicas)), int(s.replicas)
+	}
 	return int(x % uint64(s.replicas+1)), int(s.replicas)
 }
 
@@ -98,17 +103,19 @@ func (c *Client) replicaPeer(id identity.ObjectID) *peer {
 }
 
 // ReplicaPut stores value as the hot-object replica of (tenant, id) on the node at addr,
-// generation gen, valid for lease. Node to node: primaries call it, applications do not.
-func (c *Client) ReplicaPut(ctx context.Context, addr string, tenant uint64, id identity.ObjectID, gen uint64, lease time.Duration, value []byte) error {
+// generation gen, valid for lease, and returns the reads that node served from its replica
+// of the key since the previous push (what the primary's heat estimate adds up). Node to
+// node: primaries call it, applications do not.
+func (c *Client) ReplicaPut(ctx context.Context, addr string, tenant uint64, id identity.ObjectID, gen uint64, lease time.Duration, value []byte) (reads uint64, err error) {
 	if c.closed.Load() {
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	ms := uint64(lease / time.Millisecond)
 	if len(value) == 0 || ms == 0 {
-		return fmt.Errorf("dfkv: replica put: empty value or lease: %w", ErrInvalid)
+		return 0, fmt.Errorf("dfkv: replica put: empty value or lease: %w", ErrInvalid)
 	}
 	p := c.peerFor(Member{ID: addr, Addr: addr})
-	return c.exec(ctx, p, func(pc *pconn) error {
+	err = c.exec(ctx, p, func(pc *pconn) error {
 		req := wire.Request{Op: fb.OpPut, Flags: wire.FlagReplica, Tenant: tenant, ID: id, Offset: gen, Length: ms, PayloadLen: uint64(len(value))}
 		if err := pc.send(&req, value); err != nil {
 			return err
@@ -117,8 +124,13 @@ func (c *Client) ReplicaPut(ctx context.Context, addr string, tenant uint64, id 
 		if err != nil {
 			return err
 		}
-		return statusReply(resp)
+		if err := statusReply(resp); err != nil {
+			return err
+		}
+		reads = resp.ValueLen
+		return nil
 	})
+	return reads, err
 }
 
 // ReplicaInvalidate drops the hot-object replica of (tenant, id) on the node at addr and

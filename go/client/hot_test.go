@@ -8,27 +8,33 @@ import (
 	"github.com/dfkv/dfkv/go/internal/wire"
 )
 
-// Reads of a hot key rotate over the primary and every replica the hint names (the primary
-// keeps its share: it measures the key's heat from its own reads times the copies, and a
-// client leaving it out made it think the key cold, 3.1× the mean at 128 nodes); no hint,
-// an expired one or a withdrawn one reads the primary.
+// Reads of a hot key rotate over the primary and every replica the hint names, or over the
+// replicas alone when the hint says SkipPrimary (the primary then knows the key's heat from
+// its replicas' reports; a client that left it out on its own, before those existed, made it
+// think the key cold: 3.1× the mean at 128 nodes); no hint, an expired one or a withdrawn
+// one reads the primary.
 func TestHotPick(t *testing.T) {
 	id := identity.ObjectID{Hi: 7, Lo: 9}
 	for _, tc := range []struct {
 		replicas uint8
+		skip     bool
 		want     []int // copies that must all be read, and nothing else
 	}{
-		{0, []int{0}},
-		{1, []int{0, 1}},
-		{2, []int{0, 1, 2}},
-		{127, nil}, // 0..127
+		{0, false, []int{0}},
+		{1, false, []int{0, 1}},
+		{2, false, []int{0, 1, 2}},
+		{127, false, nil}, // 0..127
+		{4, true, []int{1, 2, 3, 4}},
+		{127, true, nil}, // 1..127
 	} {
 		tab := newHotTable()
-		tab.learn(id, wire.Hot{Replicas: tc.replicas, ValidMS: 60_000})
+		tab.learn(id, wire.Hot{Replicas: tc.replicas, ValidMS: 60_000, SkipPrimary: tc.skip})
 		want := tc.want
 		if want == nil {
 			for i := 0; i <= int(tc.replicas); i++ {
-				want = append(want, i)
+				if i > 0 || !tc.skip {
+					want = append(want, i)
+				}
 			}
 		}
 		seen := map[int]int{}

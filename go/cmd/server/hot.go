@@ -97,7 +97,7 @@ func (p *hotPeers) Replicas(id identity.ObjectID, n int) ([]string, bool) {
 	return addrs, true
 }
 
-func (p *hotPeers) Push(ctx context.Context, addr string, key store.Key, gen uint64, lease time.Duration, value []byte) error {
+func (p *hotPeers) Push(ctx context.Context, addr string, key store.Key, gen uint64, lease time.Duration, value []byte) (uint64, error) {
 	return p.c.ReplicaPut(ctx, addr, key.Tenant, key.ID, gen, lease, value)
 }
 

@@ -869,7 +869,11 @@ func (c *conn) replicaPut(r *wire.Request, key store.Key) error {
 	if errors.Is(err, errReplicaStale) {
 		st = fb.StatusInvalid
 	}
+	var reads uint64
+	if err == nil {
+		reads = h.takeReplicaReads(key)
+	}
 	c.s.m.request(r.Op, st)
-	c.replyStatus(r.Op, st, 0)
+	c.replyStatus(r.Op, st, reads) // value_len: the replica's reads since its previous push
 	return nil
 }

@@ -31,8 +31,9 @@ type HotPeers interface {
 	// Replicas returns the addresses of up to n nodes following id's owner on the ring, in
 	// ring order, and whether this node is that owner.
 	Replicas(id identity.ObjectID, n int) (addrs []string, primary bool)
-	// Push stores value as addr's replica of key, generation gen, valid for lease.
-	Push(ctx context.Context, addr string, key store.Key, gen uint64, lease time.Duration, value []byte) error
+	// Push stores value as addr's replica of key, generation gen, valid for lease, and
+	// returns the reads addr served from its replica of key since the previous push.
+	Push(ctx context.Context, addr string, key store.Key, gen uint64, lease time.Duration, value []byte) (reads uint64, err error)
 	// Invalidate drops addr's replica of key and makes it refuse generations below gen.
 	Invalidate(ctx context.Context, addr string, key store.Key, gen uint64) error
 }
@@ -40,8 +41,9 @@ type HotPeers interface {
 // HotConfig configures hot-object spreading. Zero values take the defaults noted.
 type HotConfig struct {
 	Peers HotPeers // required
-	// A key is hot when, over one Interval, its estimated reads k (its reads here times the
-	// copies serving it) reach MinReads and Share of this node's other reads; it then gets
+	// A key is hot when, over one Interval, its estimated reads k (its reads here plus those
+	// its replicas reported at the last renewal; at least its reads here times the copies
+	// serving it) reach MinReads and Share of this node's other reads; it then gets
 	// ceil(k / (Share × other)) - 1 replicas, at most MaxReplicas.
 	Interval time.Duration // default 1s
 	MinReads int           // default 64
@@ -107,7 +109,13 @@ const (
 	distinctBits = 4096
 	maxCand      = 64 // keys counted exactly once their estimate passes MinReads/4
 	pushParallel = 16 // replica pushes of one key in flight at once
-	quietRounds  = 3  // intervals below the threshold before replicas are taken back
+	// skipPrimaryFrom: with this many replicas serving a key, its readers leave the primary
+	// out of their rotation (wire.Hot.SkipPrimary). The primary also serves the key's replica
+	// misses, the readers still without the hint and the key's writes; with an equal share on
+	// top of those the block-0 primary stayed the busiest node at 128 nodes (1.26× the mean).
+	// Below it the share a replica would take over is too large a step.
+	skipPrimaryFrom = 4
+	quietRounds     = 3 // intervals below the threshold before replicas are taken back
 	// replicaSalt moves replica bytes into a tenant of their own in the engine, so they count
 	// against capacity and are evicted like any value but never answer a normal key.
 	replicaSalt uint64 = 0x9e3779b97f4a7c15
@@ -169,11 +177,19 @@ type hotEntry struct {
 	// valid: addr -> earliest instant its replica's lease can end (the send time of its last
 	// acknowledged push + lease): a renewal that fails leaves the older copy serving.
 	valid map[string]time.Time
-	hint  atomic.Uint64 // replicas<<56 | unix-millisecond end of the advertised window
+	hint  atomic.Uint64 // replicas<<56 | skip-primary<<55 | unix-millisecond end of the advertised window
+	// reported: the reads the replicas said they served, summed over the last renewal.
+	reported atomic.Uint64
 }
+
+const (
+	hintSkip = 1 << 55
+	hintMS   = hintSkip - 1
+)
 
 type replica struct {
 	gen   uint64
+	reads uint64 // served since the last push (reported in its reply)
 	valid bool
 	until time.Time // valid until (this node's clock)
 	dead  time.Time // tombstone: meta kept until then
@@ -315,7 +331,7 @@ func (h *Hot) noteRead(key store.Key) wire.Hot {
 		return wire.Hot{}
 	}
 	w := e.hint.Load()
-	left := int64(w&(1<<56-1)) - time.Now().UnixMilli()
+	left := int64(w&hintMS) - time.Now().UnixMilli()
 	if w == 0 || left <= 0 {
 		return wire.Hot{}
 	}
@@ -323,7 +339,7 @@ func (h *Hot) noteRead(key store.Key) wire.Hot {
 	// the key stays hot, and a client that finds a replica gone reads the primary, whose
 	// reply then corrects or withdraws the hint. A short hint sent every reader back to the
 	// primary every lease (the 32-node replay's busiest node).
-	return wire.Hot{Replicas: uint8(w >> 56), ValidMS: uint32(left + 4*h.cfg.Lease.Milliseconds())}
+	return wire.Hot{Replicas: uint8(w >> 56), ValidMS: uint32(min(left+4*h.cfg.Lease.Milliseconds(), wire.MaxHotValidMS)), SkipPrimary: w&hintSkip != 0}
 }
 
 // admit makes key a candidate, replacing the weakest one (never a replicated key) when the
@@ -374,11 +390,19 @@ func (h *Hot) tick(early bool) {
 		minReads *= min(1, float64(time.Since(h.began))/float64(h.cfg.Interval))
 	}
 	for key, c := range h.cand {
-		copies := 1
+		copies, scale, reported := 1, 1.0, 0.0
 		if e := h.entries[key]; e != nil {
-			copies += int(e.hint.Load() >> 56)
+			w := e.hint.Load()
+			copies += int(w >> 56)
+			scale = float64(copies)
+			if w&hintSkip != 0 {
+				scale = 1 // the primary serves only misses and hintless readers
+			}
+			reported = float64(e.reported.Load())
 		}
-		k := float64(c.reads) * float64(copies) // the primary sees 1/copies of a spread key
+		// The replicas' reports are exact but an interval old; without them (none yet, or an
+		// older replica that reports 0) the primary's own share, scaled, stands in.
+		k := math.Max(float64(c.reads)+reported, float64(c.reads)*scale)
 		other := math.Max(float64(h.total)-float64(c.reads), 1)
 		// Hysteresis: a replicated key stays hot down to half the thresholds, so a key near
 		// them is not dropped and re-made every few intervals (its readers then all return
@@ -484,8 +508,9 @@ func (h *Hot) refresh(key store.Key, want int) {
 		// a key's 127 replicas on a loaded node took longer than the interval, and copies
 		// whose lease was near its end fell out of the hint.
 		type pushed struct {
-			sent time.Time
-			err  error
+			sent  time.Time
+			reads uint64
+			err   error
 		}
 		res := make([]pushed, len(addrs))
 		sem := make(chan struct{}, pushParallel)
@@ -497,7 +522,7 @@ func (h *Hot) refresh(key store.Key, want int) {
 				defer func() { <-sem; wg.Done() }()
 				res[i].sent = time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), h.cfg.RPCTimeout)
-				res[i].err = h.cfg.Peers.Push(ctx, a, key, gen, h.cfg.Lease, value)
+				res[i].reads, res[i].err = h.cfg.Peers.Push(ctx, a, key, gen, h.cfg.Lease, value)
 				cancel()
 			}()
 		}
@@ -506,6 +531,7 @@ func (h *Hot) refresh(key store.Key, want int) {
 		// lease when it takes the push, which is before this point when acked (and, per the
 		// design's bound, within the RPC timeout when not).
 		held := time.Now().Add(h.cfg.Lease)
+		var reported uint64
 		for i, a := range addrs {
 			h.holdUntil(e, a, held)
 			keep[a] = true
@@ -514,8 +540,10 @@ func (h *Hot) refresh(key store.Key, want int) {
 				continue
 			}
 			h.made.Inc()
+			reported += res[i].reads
 			e.valid[a] = res[i].sent.Add(h.cfg.Lease)
 		}
+		e.reported.Store(reported)
 		// The hint names the replicas in ring order up to the first without a valid copy.
 		now := time.Now()
 		for _, a := range addrs {
@@ -532,7 +560,11 @@ func (h *Hot) refresh(key store.Key, want int) {
 	// Clients stop reading replicas a quarter lease before the first one expires.
 	if served > 0 {
 		end := until.Add(-h.cfg.Lease / 4)
-		e.hint.Store(uint64(served)<<56 | uint64(end.UnixMilli()))
+		w := uint64(served)<<56 | uint64(end.UnixMilli())&hintMS
+		if served >= skipPrimaryFrom {
+			w |= hintSkip
+		}
+		e.hint.Store(w)
 	} else {
 		e.hint.Store(0)
 	}
@@ -680,6 +712,20 @@ func (h *Hot) putReplica(key store.Key, gen uint64, lease time.Duration, size in
 	return nil
 }
 
+// takeReplicaReads returns the reads served from the replica of key since the last call
+// (a push's reply carries them to the primary).
+func (h *Hot) takeReplicaReads(key store.Key) uint64 {
+	h.rmu.Lock()
+	defer h.rmu.Unlock()
+	r := h.reps[key]
+	if r == nil {
+		return 0
+	}
+	n := r.reads
+	r.reads = 0
+	return n
+}
+
 // invalidateReplica drops the replica of key held here and refuses generations below gen.
 func (h *Hot) invalidateReplica(key store.Key, gen uint64) {
 	h.rmu.Lock()
@@ -708,6 +754,7 @@ func (h *Hot) getReplica(key store.Key, serve func([]byte) error) error {
 	var size int
 	if ok {
 		crc, size = r.crc, r.size
+		r.reads++ // a stale copy's misses count too: its readers wanted this key
 	}
 	h.rmu.Unlock()
 	if !ok {

@@ -20,10 +20,11 @@ type fakePeers struct {
 	pushes      map[string]int
 	invalidated map[string]int
 	down        map[string]bool
+	reads       map[string]uint64 // what each replica reports at its next push
 }
 
 func newFakePeers(addrs ...string) *fakePeers {
-	return &fakePeers{addrs: addrs, pushes: map[string]int{}, invalidated: map[string]int{}, down: map[string]bool{}}
+	return &fakePeers{addrs: addrs, pushes: map[string]int{}, invalidated: map[string]int{}, down: map[string]bool{}, reads: map[string]uint64{}}
 }
 
 func (f *fakePeers) Replicas(_ identity.ObjectID, n int) ([]string, bool) {
@@ -32,14 +33,16 @@ func (f *fakePeers) Replicas(_ identity.ObjectID, n int) ([]string, bool) {
 
 var errDown = errors.New("peer down")
 
-func (f *fakePeers) Push(_ context.Context, addr string, _ store.Key, _ uint64, _ time.Duration, _ []byte) error {
+func (f *fakePeers) Push(_ context.Context, addr string, _ store.Key, _ uint64, _ time.Duration, _ []byte) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down[addr] {
-		return errDown
+		return 0, errDown
 	}
 	f.pushes[addr]++
-	return nil
+	n := f.reads[addr]
+	f.reads[addr] = 0
+	return n, nil
 }
 
 func (f *fakePeers) Invalidate(_ context.Context, addr string, _ store.Key, _ uint64) error {
@@ -301,5 +304,91 @@ func TestHotRenewalKeepsServing(t *testing.T) {
 	}
 	if b, err := read(); err != nil || b != 'b' {
 		t.Fatalf("read after the push: %q, %v; want 'b'", b, err)
+	}
+}
+
+// With skipPrimaryFrom replicas the hint takes the primary out of the readers' rotation;
+// the primary then sees few reads of the key and keeps it hot on what its replicas report
+// at each renewal. Without the reports the same primary lets the key cool.
+func TestHotSkipPrimaryKeptHotByReports(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		report   uint64 // reads each replica reports per interval
+		wantKept bool
+	}{
+		{"replicas report their reads", 120, true},
+		{"no reports (an older replica)", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addrs := []string{"b:1", "c:1", "d:1", "e:1", "f:1", "g:1"}
+			peers := newFakePeers(addrs...)
+			eng := store.NewMem(64 << 20)
+			h, err := NewHot(HotConfig{Peers: peers, MinReads: 64, Share: 0.1, MaxReplicas: len(addrs), Lease: time.Minute, RPCTimeout: 50 * time.Millisecond}, eng, prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := hotKeyN(1)
+			putValue(t, eng, key, 1)
+			background := func() {
+				for i := 100; i < 400; i++ {
+					h.noteRead(hotKeyN(i))
+				}
+			}
+			for i := 0; i < 2000; i++ {
+				h.noteRead(key)
+			}
+			background()
+			h.tick(false)
+			hint := h.noteRead(key)
+			if hint.Replicas < skipPrimaryFrom || !hint.SkipPrimary {
+				t.Fatalf("hint %+v, want at least %d replicas and the primary skipped", hint, skipPrimaryFrom)
+			}
+			// Readers now go to the replicas: the primary sees a handful (misses, late hints).
+			for round := 0; round < quietRounds+2; round++ {
+				peers.mu.Lock()
+				for _, a := range addrs {
+					peers.reads[a] = tc.report
+				}
+				peers.mu.Unlock()
+				for i := 0; i < 5; i++ {
+					h.noteRead(key)
+				}
+				background()
+				h.tick(false)
+			}
+			kept := h.noteRead(key).Replicas > 0
+			if kept != tc.wantKept {
+				t.Fatalf("after %d intervals served by the replicas: still spread %v, want %v (reported %d reads per replica)", quietRounds+2, kept, tc.wantKept, tc.report)
+			}
+		})
+	}
+}
+
+// A replica counts the reads it serves and hands the count to the next push's reply.
+func TestReplicaReadsReported(t *testing.T) {
+	h, _ := newTestHot(t, newFakePeers(), time.Second)
+	key := hotKeyN(5)
+	fill := func(dst []byte) error {
+		for i := range dst {
+			dst[i] = 7
+		}
+		return nil
+	}
+	if err := h.putReplica(key, 1, time.Second, 32, fill); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 9; i++ {
+		if err := h.getReplica(key, func([]byte) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.getReplica(hotKeyN(6), func([]byte) error { return nil }); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("replica of an unpushed key: %v, want a miss", err)
+	}
+	if n := h.takeReplicaReads(key); n != 9 {
+		t.Fatalf("reported %d reads, want 9", n)
+	}
+	if n := h.takeReplicaReads(key); n != 0 {
+		t.Fatalf("reported %d reads a second time, want 0", n)
 	}
 }

@@ -14,8 +14,10 @@ func TestHotWordRoundTrip(t *testing.T) {
 		{Hot{}, Hot{}},
 		{Hot{Replicas: 0, ValidMS: 500}, Hot{}}, // no replicas: not hot
 		{Hot{Replicas: 3, ValidMS: 2250}, Hot{Replicas: 3, ValidMS: 2250}},
-		{Hot{Replicas: MaxHotReplicas, ValidMS: 1<<25 - 1}, Hot{Replicas: MaxHotReplicas, ValidMS: 1<<25 - 1}},
-		{Hot{Replicas: 200, ValidMS: 1 << 30}, Hot{Replicas: MaxHotReplicas, ValidMS: 1<<25 - 1}}, // clamped
+		{Hot{Replicas: 5, ValidMS: 2250, SkipPrimary: true}, Hot{Replicas: 5, ValidMS: 2250, SkipPrimary: true}},
+		{Hot{Replicas: 0, ValidMS: 500, SkipPrimary: true}, Hot{}},
+		{Hot{Replicas: MaxHotReplicas, ValidMS: MaxHotValidMS, SkipPrimary: true}, Hot{Replicas: MaxHotReplicas, ValidMS: MaxHotValidMS, SkipPrimary: true}},
+		{Hot{Replicas: 200, ValidMS: 1 << 30}, Hot{Replicas: MaxHotReplicas, ValidMS: MaxHotValidMS}}, // clamped
 	} {
 		r := Response{Op: fb.OpGet, Status: fb.StatusOk, ValueLen: 9, PayloadLen: 9, Hot: tc.in}
 		var b [ResponseSize]byte

@@ -52,22 +52,32 @@ const (
 // Hot is the hot-object hint a primary puts in the reserved word of a GET reply
 // (ResponseHeader.reserved) or a BatchGet result (BatchResult.reserved2): the key is served
 // by Replicas more nodes, the next distinct ring owners after the primary, for ValidMS
-// more milliseconds. The zero value (what every older server sends) means "not hot".
+// more milliseconds; with SkipPrimary, readers spread over the replicas alone (the primary
+// still answers a replica's miss). The zero value (what every older server sends) means
+// "not hot".
 type Hot struct {
-	Replicas uint8  // 0..127
-	ValidMS  uint32 // 0..2^25-1 (9.3 hours)
+	Replicas    uint8  // 0..127
+	ValidMS     uint32 // 0..MaxHotValidMS
+	SkipPrimary bool
 }
+
+// MaxHotValidMS is the longest window a hint can name (4.6 hours).
+const MaxHotValidMS = 1<<24 - 1
 
 // MaxHotReplicas is the most replicas a hint can name: a 128-node cluster can spread one
 // key over every node.
 const MaxHotReplicas = 127
 
-// Word packs h into the reserved word: ValidMS<<7 | Replicas.
+// Word packs h into the reserved word: ValidMS<<8 | SkipPrimary<<7 | Replicas.
 func (h Hot) Word() uint32 {
 	if h.Replicas == 0 {
 		return 0
 	}
-	return min(h.ValidMS, 1<<25-1)<<7 | uint32(min(h.Replicas, MaxHotReplicas))
+	w := min(h.ValidMS, MaxHotValidMS)<<8 | uint32(min(h.Replicas, MaxHotReplicas))
+	if h.SkipPrimary {
+		w |= 1 << 7
+	}
+	return w
 }
 
 // HotFromWord unpacks a reserved word.
@@ -77,7 +87,7 @@ func HotFromWord(w uint32) Hot {
 	if w&MaxHotReplicas == 0 {
 		return Hot{}
 	}
-	return Hot{Replicas: uint8(w & MaxHotReplicas), ValidMS: w >> 7}
+	return Hot{Replicas: uint8(w & MaxHotReplicas), ValidMS: w >> 8, SkipPrimary: w&(1<<7) != 0}
 }
 
 // ResultLeased (BatchResult.Flags) marks a BatchExistLease hit that holds a lease.
