@@ -500,6 +500,10 @@ func (h *Hot) refresh(key store.Key, want int) {
 		}
 	}
 	keep := map[string]bool{}
+	// reported replaces the last renewal's sum every time, with 0 when nothing was pushed
+	// (cooled, moved ring, value gone): a stale sum would keep a dropped key looking hot.
+	var reported uint64
+	defer func() { e.reported.Store(reported) }()
 	served := 0
 	var until time.Time
 	if len(addrs) > 0 {
@@ -531,7 +535,6 @@ func (h *Hot) refresh(key store.Key, want int) {
 		// lease when it takes the push, which is before this point when acked (and, per the
 		// design's bound, within the RPC timeout when not).
 		held := time.Now().Add(h.cfg.Lease)
-		var reported uint64
 		for i, a := range addrs {
 			h.holdUntil(e, a, held)
 			keep[a] = true
@@ -543,7 +546,6 @@ func (h *Hot) refresh(key store.Key, want int) {
 			reported += res[i].reads
 			e.valid[a] = res[i].sent.Add(h.cfg.Lease)
 		}
-		e.reported.Store(reported)
 		// The hint names the replicas in ring order up to the first without a valid copy.
 		now := time.Now()
 		for _, a := range addrs {

@@ -21,6 +21,7 @@ type fakePeers struct {
 	invalidated map[string]int
 	down        map[string]bool
 	reads       map[string]uint64 // what each replica reports at its next push
+	moved       bool              // the ring moved: this node no longer owns the keys
 }
 
 func newFakePeers(addrs ...string) *fakePeers {
@@ -28,7 +29,9 @@ func newFakePeers(addrs ...string) *fakePeers {
 }
 
 func (f *fakePeers) Replicas(_ identity.ObjectID, n int) ([]string, bool) {
-	return f.addrs[:min(n, len(f.addrs))], true
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.addrs[:min(n, len(f.addrs))], !f.moved
 }
 
 var errDown = errors.New("peer down")
@@ -390,5 +393,54 @@ func TestReplicaReadsReported(t *testing.T) {
 	}
 	if n := h.takeReplicaReads(key); n != 0 {
 		t.Fatalf("reported %d reads a second time, want 0", n)
+	}
+}
+
+// A renewal that pushes nothing (the ring moved) clears the replicas' last reported reads,
+// so a key whose replicas cannot be reached for their invalidation does not look hot on an
+// old report.
+func TestHotReportClearedWhenNothingPushed(t *testing.T) {
+	addrs := []string{"b:1", "c:1", "d:1"}
+	peers := newFakePeers(addrs...)
+	h, eng := newTestHot(t, peers, time.Minute)
+	key := hotKeyN(2)
+	putValue(t, eng, key, 1)
+	heat := func() {
+		for i := 0; i < 2000; i++ {
+			h.noteRead(key)
+		}
+		for i := 100; i < 400; i++ {
+			h.noteRead(hotKeyN(i))
+		}
+		h.tick(false)
+	}
+	heat()
+	peers.mu.Lock()
+	for _, a := range addrs {
+		peers.reads[a] = 500
+	}
+	peers.mu.Unlock()
+	heat() // the renewal collects the reports
+	entry := func() *hotEntry {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.entries[key]
+	}
+	if e := entry(); e == nil || e.reported.Load() != 1500 {
+		t.Fatalf("entry %v: want 1500 reads reported by the renewal", e)
+	}
+	peers.mu.Lock()
+	peers.moved = true
+	for _, a := range addrs {
+		peers.down[a] = true // invalidations fail: the entry stays while the leases run
+	}
+	peers.mu.Unlock()
+	heat()
+	e := entry()
+	if e == nil {
+		t.Fatal("entry gone although its replicas could not be invalidated")
+	}
+	if n := e.reported.Load(); n != 0 {
+		t.Fatalf("%d reads still reported after a renewal that pushed nothing, want 0", n)
 	}
 }
