@@ -35,14 +35,17 @@ type Holder struct {
 	cfg        HolderConfig
 	ops        [3]fb.MdsOp // register, heartbeat, deregister
 	registered atomic.Bool
-	ttl        atomic.Int64 // ns, from the last registration
-	stop       chan struct{}
-	done       chan struct{}
-	ctx        context.Context // ends on Stop: interrupts a register or heartbeat in flight
-	cancel     context.CancelFunc
-	first      chan struct{}
-	firstOnce  sync.Once
-	stopOnce   sync.Once
+	// cutShort: Stop interrupted a registration in flight, which the MDS may still have
+	// applied; Stop deregisters then too.
+	cutShort  atomic.Bool
+	ttl       atomic.Int64 // ns, from the last registration
+	stop      chan struct{}
+	done      chan struct{}
+	ctx       context.Context // ends on Stop: interrupts a register or heartbeat in flight
+	cancel    context.CancelFunc
+	first     chan struct{}
+	firstOnce sync.Once
+	stopOnce  sync.Once
 
 	mu     sync.Mutex   // guards member (UpdateMember replaces it)
 	member *wire.Member // the record heartbeats carry; cfg.Member until updated
@@ -137,6 +140,7 @@ func (h *Holder) register() bool {
 	if err != nil {
 		h.registered.Store(false)
 		if h.ctx.Err() != nil {
+			h.cutShort.Store(true)
 			return false // stopping
 		}
 		h.cfg.Logger.Warn("mds registration failed; retrying", "who", h.name(), "err", err)
@@ -205,10 +209,13 @@ func (h *Holder) Stop(ctx context.Context) error {
 			err = ctx.Err()
 			return
 		}
-		if !h.registered.Load() {
+		if !h.registered.Load() && !h.cutShort.Load() {
 			return
 		}
 		_, _, err = h.cfg.Client.Call(ctx, h.request(h.ops[2]))
+		if errors.Is(err, ErrNotRegistered) {
+			err = nil // the cut-short registration never landed, or its lease ended
+		}
 		h.registered.Store(false)
 	})
 	return err

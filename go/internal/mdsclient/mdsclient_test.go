@@ -253,3 +253,63 @@ func TestLongPollAfterHungReplica(t *testing.T) {
 	}
 	t.Logf("the next replica held %d ms of the %v wait", resp.WaitMS, wait)
 }
+
+// stallPut applies every Put, then holds its reply until release closes: the MDS has the
+// registration while the holder is still waiting for the answer.
+type stallPut struct {
+	mds.Store
+	applied chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *stallPut) Put(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	err := s.Store.Put(ctx, key, value, ttl)
+	s.once.Do(func() { close(s.applied) })
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+	}
+	return err
+}
+
+// Stop during a registration the MDS already applied (its reply not yet back) still
+// deregisters: the holder cannot tell whether it landed, so it must not assume it did not.
+func TestHolderStopDuringRegistrationDeregisters(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st := &stallPut{Store: mds.NewMemStore(), applied: make(chan struct{}), release: make(chan struct{})}
+	svc, err := mds.NewService(mds.Config{Store: st, LeaseTTL: time.Minute, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := mds.NewServer(mds.ServerConfig{Service: svc, Logger: log})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(ln)
+	defer srv.Shutdown(context.Background())
+	defer close(st.release) // before the shutdown, which waits for the stalled reply
+
+	rpc, _ := mdsclient.New([]string{ln.Addr().String()}, mdsclient.Options{CallTimeout: 10 * time.Second})
+	member := &wire.Member{ID: "n1", Addr: "127.0.0.1:7", Weight: 1, Eligible: true}
+	h, err := mdsclient.NewHolder(mdsclient.HolderConfig{Client: rpc, Group: "g", Member: member, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Start()
+	select {
+	case <-st.applied:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the registration never reached the store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	topo, err := svc.Topology(context.Background(), "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(topo.Members) != 0 {
+		t.Fatalf("%d members after Stop interrupted an applied registration, want 0", len(topo.Members))
+	}
+}
