@@ -196,6 +196,9 @@ func (h *Holder) loop() {
 	}
 }
 
+// cutShortDeregister bounds Stop's deregistration after a registration it cut short.
+const cutShortDeregister = time.Second
+
 // Stop ends the loop and deregisters (bounded by ctx), so the holder leaves at once rather
 // than after the lease TTL.
 func (h *Holder) Stop(ctx context.Context) error {
@@ -209,8 +212,17 @@ func (h *Holder) Stop(ctx context.Context) error {
 			err = ctx.Err()
 			return
 		}
-		if !h.registered.Load() && !h.cutShort.Load() {
+		registered := h.registered.Load()
+		if !registered && !h.cutShort.Load() {
 			return
+		}
+		if !registered {
+			// The registration may not have landed and the MDS was slow to answer it: try
+			// once, briefly, and otherwise leave it to the lease, rather than hold a
+			// shutdown for the whole deadline on an MDS that is not answering.
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, cutShortDeregister)
+			defer cancel()
 		}
 		_, _, err = h.cfg.Client.Call(ctx, h.request(h.ops[2]))
 		if errors.Is(err, ErrNotRegistered) {
