@@ -32,6 +32,11 @@ var (
 	// ErrTooLarge: a value larger than the client's max value size (Limits.MaxValue). It is
 	// reported together with ErrInvalid (errors.Is matches both), as before it existed.
 	ErrTooLarge = errors.New("dfkv: value too large")
+	// ErrDirectUnsupported: a GET whose destination lies in registered device memory
+	// (RegisterDMABuf) cannot be served directly: the owner is not reachable over RDMA, its
+	// server does not accept device targets, or the NIC refused the registration. Nothing was
+	// written to the destination and nothing falls back to TCP or host staging.
+	ErrDirectUnsupported = errors.New("dfkv: direct device load not possible")
 )
 
 func statusErr(st fb.Status) error {
