@@ -28,6 +28,7 @@ type Item struct {
 
 	id      identity.ObjectID
 	replica bool // BatchGet: sent to a hot key's replica (a failure there falls back)
+	direct  bool // BatchGet into device memory (direct.go): RDMA to the primary only
 }
 
 func (it *Item) segs(forGet bool) [][]byte {
@@ -125,7 +126,7 @@ func (c *Client) batchArg(ctx context.Context, op fb.Op, items []Item, flags uin
 	all := make([]*Item, 0, len(items))
 	for i := range items {
 		it := &items[i]
-		it.Err, it.N, it.Leased, it.replica = ErrUnavailable, 0, false, false
+		it.Err, it.N, it.Leased, it.replica, it.direct = ErrUnavailable, 0, false, false, false
 		if err := c.checkItem(op, it); err != nil {
 			it.Err = err
 			continue
@@ -156,6 +157,9 @@ func (c *Client) batchArg(ctx context.Context, op fb.Op, items []Item, flags uin
 	for i := range items {
 		it := &items[i]
 		c.m.ops[kind][result(it.Err)].Inc()
+		if it.direct {
+			c.m.directDone(it.Err)
+		}
 		if it.Err == nil && (op == fb.OpBatchGet || op == fb.OpBatchPut) {
 			moved += it.N
 		}
@@ -173,7 +177,7 @@ func (c *Client) runItems(ctx context.Context, op fb.Op, flags uint8, arg uint64
 	var order []*peer
 	for _, it := range items {
 		var p *peer
-		if spread {
+		if spread && !it.direct {
 			if p = c.replicaPeer(it.id); p != nil {
 				it.replica = true
 			}
@@ -232,6 +236,14 @@ func (c *Client) checkItem(op fb.Op, it *Item) error {
 		if n > c.opts.Limits.MaxValue {
 			return fmt.Errorf("dfkv: value/buffer of %d bytes exceeds max value %d: %w: %w", n, c.opts.Limits.MaxValue, ErrTooLarge, ErrInvalid)
 		}
+		if op == fb.OpBatchPut {
+			return c.noDeviceSource(segs)
+		}
+		d, err := c.rdma.Direct(segs)
+		if err != nil {
+			return err
+		}
+		it.direct = d
 	}
 	return nil
 }

@@ -291,6 +291,9 @@ func (c *Client) PutSegs(ctx context.Context, key []byte, segs [][]byte) error {
 	if total > c.opts.Limits.MaxValue {
 		return fmt.Errorf("dfkv: put: %d bytes exceeds max value %d: %w: %w", total, c.opts.Limits.MaxValue, ErrTooLarge, ErrInvalid)
 	}
+	if err := c.noDeviceSource(segs); err != nil {
+		return err
+	}
 	id := c.ID(key)
 	p, err := c.route(id)
 	if err == nil {
@@ -379,6 +382,13 @@ func (c *Client) get(ctx context.Context, key []byte, segs [][]byte, flags uint8
 		return 0, fmt.Errorf("dfkv: get: empty buffer: %w", ErrInvalid)
 	}
 	id := c.ID(key)
+	direct, err := c.rdma.Direct(segs)
+	if err != nil {
+		return 0, err
+	}
+	if direct {
+		return c.directGet(ctx, id, segs, flags, off, length, op, start)
+	}
 	var n uint64
 	p, err := c.route(id)
 	if err == nil {

@@ -36,7 +36,7 @@ var (
 	// (RegisterDMABuf) cannot be served directly: the owner is not reachable over RDMA, its
 	// server does not accept device targets, or the NIC refused the registration. Nothing was
 	// written to the destination and nothing falls back to TCP or host staging.
-	ErrDirectUnsupported = errors.New("dfkv: direct device load not possible")
+	ErrDirectUnsupported = railset.ErrDirectUnsupported
 )
 
 func statusErr(st fb.Status) error {

@@ -46,6 +46,12 @@ type clientMetrics struct {
 	fastFails prometheus.Counter
 	// hotReads: reads sent to a hot key's replica, by result (hit, fallback).
 	hotReads *prometheus.CounterVec
+	// directLoads: GETs (batch items one by one) into registered device memory, by result
+	// (ok, miss, error, refused: not possible on this path, ErrDirectUnsupported);
+	// directSeconds: a scalar direct GET's call time (the RDMA transfer alone is
+	// dfkv_rdma_direct_transfer_seconds_total).
+	directLoads   *prometheus.CounterVec
+	directSeconds prometheus.Histogram
 }
 
 func newClientMetrics() *clientMetrics {
@@ -60,7 +66,11 @@ func newClientMetrics() *clientMetrics {
 	m.fastFails = prometheus.NewCounter(prometheus.CounterOpts{Name: "dfkv_client_fast_fails_total", Help: "Requests failed at once because their peer was cooling down."})
 	m.hotReads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_client_hot_replica_reads_total",
 		Help: "Reads of hot keys sent to a replica, by result (hit; fallback: missed or failed there and read from the primary)."}, []string{"result"})
-	m.reg.MustRegister(ops, bytes, lat, m.retries, m.dials, m.cooldowns, m.fastFails, m.hotReads)
+	m.directLoads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_client_direct_loads_total",
+		Help: "GETs into registered device memory (DMA-BUF), by result (ok, miss, error, refused)."}, []string{"result"})
+	m.directSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "dfkv_client_direct_load_seconds",
+		Help: "Call time of a scalar GET into device memory.", Buckets: prometheus.ExponentialBuckets(20e-6, 2.5, 14)})
+	m.reg.MustRegister(ops, bytes, lat, m.retries, m.dials, m.cooldowns, m.fastFails, m.hotReads, m.directLoads, m.directSeconds)
 	for o := range numOps {
 		for r := range numRes {
 			m.ops[o][r] = ops.WithLabelValues(opNames[o], resNames[r])
@@ -88,6 +98,21 @@ func (m *clientMetrics) done(op opKind, err error, n int64, start time.Time) {
 		m.bytes[op].Add(float64(n))
 	}
 	m.latency[op].Observe(time.Since(start).Seconds())
+}
+
+// directDone counts one direct load's outcome.
+func (m *clientMetrics) directDone(err error) {
+	r := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrDirectUnsupported):
+		r = "refused"
+	case result(err) == resMiss:
+		r = "miss"
+	default:
+		r = "error"
+	}
+	m.directLoads.WithLabelValues(r).Inc()
 }
 
 // Snapshot renders the client's metrics in the Prometheus text format.

@@ -63,6 +63,9 @@ type RDMAOptions struct {
 	// DFKV_SOFT_RDMA_DEVICES and DFKV_SOFT_RDMA_FAULTS. Ignored by other providers.
 	SoftDevices   int
 	SoftFaultFile string
+	// SoftNoDMABuf makes the soft provider refuse RegisterDMABuf as a NIC without DMA-BUF
+	// import does (EOPNOTSUPP). Test-only.
+	SoftNoDMABuf bool
 	Depth         uint32 // requests in flight per RDMA connection (default 4)
 	// MaxBlock is the declared largest value (default 4 MiB, at most Limits.MaxValue). It
 	// sizes the server's slots (depth x block per connection); larger values use TCP.
@@ -128,6 +131,7 @@ func (c *Client) newRailSet() (*railset.Set, error) {
 		o.Provider, o.Device, o.Devices, o.Primary, o.Tiers = r.Provider, r.Device, r.Devices, r.Primary, r.Tiers
 		o.RailQuarantine, o.RailProbeInterval, o.RailCredits, o.RailSlowFactor = r.RailQuarantine, r.RailProbeInterval, r.RailCredits, r.RailSlowFactor
 		o.NUMA, o.NUMANode, o.SoftNUMANodes, o.SoftDevices, o.SoftFaultFile = r.NUMA, r.NUMANode, r.SoftNUMANodes, r.SoftDevices, r.SoftFaultFile
+		o.SoftNoDMABuf = r.SoftNoDMABuf
 		o.Depth, o.MaxBlock, o.ForceV1, o.MaxConns, o.IdleTimeout = r.Depth, r.MaxBlock, r.ForceV1, r.MaxConns, r.IdleTimeout
 		o.SGLaneConns, o.MRCacheBytes, o.Notify, o.NotifyOOBFallback = r.SGLaneConns, r.MRCacheBytes, r.Notify, r.NotifyOOBFallback
 		o.RefusalBackoff, o.RefusalBackoffMax, o.GID = r.RefusalBackoff, r.RefusalBackoffMax, r.gidPolicy()
@@ -317,7 +321,7 @@ func (c *Client) rdmaChunk(ctx context.Context, op fb.Op, flags uint8, ch chunk)
 			}
 			o.Value = it.segs(false)
 		case fb.OpBatchGet:
-			o.Dst = it.segs(true)
+			o.Dst, o.Direct = it.segs(true), it.direct
 		}
 		ops, its = append(ops, o), append(its, it)
 	}
@@ -326,10 +330,20 @@ func (c *Client) rdmaChunk(ctx context.Context, op fb.Op, flags uint8, ch chunk)
 	}
 	done, unsent, err := ch.p.rdma.Run(ctx, ops)
 	if !done {
-		return ch.items
+		return c.notDirect(ch.p, ch.items)
 	}
 	for i, o := range ops {
 		it := its[i]
+		if o.Direct {
+			if unsent[o] {
+				it.Err = c.directRefusal(ch.p, nil)
+				continue
+			}
+			if o.Refused != nil {
+				it.Err = c.directRefusal(ch.p, o.Refused)
+				continue
+			}
+		}
 		if unsent[o] { // never submitted (a full pool or lane): TCP serves it
 			rest = append(rest, it)
 			continue
@@ -347,6 +361,10 @@ func (c *Client) rdmaChunk(ctx context.Context, op fb.Op, flags uint8, ch chunk)
 		case fb.OpBatchGet:
 			length := segsLen(o.Dst)
 			ok, n, gerr := c.rdmaGetResult(o, flags, length)
+			if !ok && o.Direct {
+				it.Err = fmt.Errorf("dfkv: direct get: stored %d bytes, above the RDMA block of %d: %w", o.ValueLen, c.rdmaBlock(), ErrDirectUnsupported)
+				continue
+			}
 			if !ok {
 				rest = append(rest, it) // larger than the declared block
 				continue

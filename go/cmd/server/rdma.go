@@ -38,6 +38,8 @@ type rdmaOptions struct {
 	gidIndex        int // -1 = chosen per connection
 	hopLimit        int
 	trafficClass    int
+	deviceTargets   bool
+	maxTargets      int
 }
 
 func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
@@ -56,6 +58,8 @@ func addRDMAFlags(fs *flag.FlagSet, o *rdmaOptions) {
 	fs.BoolVar(&o.notifyFallback, "rdma-notify-oob-fallback", false, "send a notification a client cannot take natively over its bootstrap TCP connection")
 	fs.IntVar(&o.gidIndex, "rdma-gid-index", -1, "source GID index on every RDMA connection (0..255); -1 = chosen per connection: RoCE v2 of the client's version and address family, the IPv4-mapped GID of the local address first (docs/RDMA.md §8)")
 	fs.IntVar(&o.hopLimit, "rdma-hop-limit", verbs.DefaultHopLimit, "hop limit (IPv4 TTL) of RoCE v2 packets, 1..255")
+	fs.IntVar(&o.maxTargets, "rdma-max-targets", 128, "GET targets one RDMA request may name (1..254; a direct load names one per layer piece; each costs a send-queue entry per request in flight)")
+	fs.BoolVar(&o.deviceTargets, "rdma-device-targets", true, "accept GET targets in clients' device memory (DMA-BUF: direct GPU loads); false makes clients refuse direct loads to this node")
 	fs.IntVar(&o.trafficClass, "rdma-traffic-class", 0, "traffic class byte of RoCE packets (DSCP<<2 | ECN, 0..255; e.g. 106 = DSCP 26 with ECT(0) for a lossless class)")
 }
 
@@ -172,6 +176,9 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 	if o.serverProtocol != 0 && o.serverProtocol != 1 {
 		return nil, nil, fmt.Errorf("--rdma-server-protocol %d: want 0 (auto) or 1", o.serverProtocol)
 	}
+	if o.maxTargets < 0 || o.maxTargets > onesided.MaxTargets {
+		return nil, nil, fmt.Errorf("--rdma-max-targets %d: want 1..%d (0: 16)", o.maxTargets, onesided.MaxTargets)
+	}
 	specs, err := rails.Plan(devs, o.tiers, o.primary)
 	if err != nil {
 		return nil, nil, err
@@ -201,7 +208,8 @@ func setupRDMA(o rdmaOptions, engine store.Engine, maxValue uint64, reg promethe
 	}
 	cfg := onesided.Config{Provider: p, MaxBlock: maxValue, Depth: uint32(max(o.depth, 1)),
 		SegmentBytes: uint64(o.segment), ForceV1: o.serverProtocol == 1, Logger: log, GID: gid,
-		Notify: onesided.NotifyConfig{Enabled: o.notify, OOBFallback: o.notifyFallback}}
+		Notify: onesided.NotifyConfig{Enabled: o.notify, OOBFallback: o.notifyFallback}, NoDeviceTargets: !o.deviceTargets,
+		MaxTargets: uint32(o.maxTargets)}
 	var srv rdmaServing
 	var rs *onesided.RailServer
 	primary := strings.TrimSpace(o.primary)

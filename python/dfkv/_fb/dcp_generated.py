@@ -412,8 +412,15 @@ class DcpTail(object):
             return obj
         return None
 
+    # DcpTail
+    def DeviceTargets(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
 def DcpTailStart(builder):
-    builder.StartObject(9)
+    builder.StartObject(10)
 
 def DcpTailAddMagic(builder, magic):
     builder.PrependUint32Slot(0, magic, 827343684)
@@ -450,6 +457,9 @@ def DcpTailAddMaxTargets(builder, maxTargets):
 
 def DcpTailAddNotify(builder, notify):
     builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(notify), 0)
+
+def DcpTailAddDeviceTargets(builder, deviceTargets):
+    builder.PrependBoolSlot(9, deviceTargets, 0)
 
 def DcpTailEnd(builder):
     return builder.EndObject()

@@ -585,8 +585,20 @@ func (rcv *DcpTail) Notify(obj *NotifyInfo) *NotifyInfo {
 	return nil
 }
 
+func (rcv *DcpTail) DeviceTargets() bool {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(22))
+	if o != 0 {
+		return rcv._tab.GetBool(o + rcv._tab.Pos)
+	}
+	return false
+}
+
+func (rcv *DcpTail) MutateDeviceTargets(n bool) bool {
+	return rcv._tab.MutateBoolSlot(22, n)
+}
+
 func DcpTailStart(builder *flatbuffers.Builder) {
-	builder.StartObject(9)
+	builder.StartObject(10)
 }
 func DcpTailAddMagic(builder *flatbuffers.Builder, magic uint32) {
 	builder.PrependUint32Slot(0, magic, 827343684)
@@ -623,6 +635,9 @@ func DcpTailAddMaxTargets(builder *flatbuffers.Builder, maxTargets uint32) {
 }
 func DcpTailAddNotify(builder *flatbuffers.Builder, notify flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(8, flatbuffers.UOffsetT(notify), 0)
+}
+func DcpTailAddDeviceTargets(builder *flatbuffers.Builder, deviceTargets bool) {
+	builder.PrependBoolSlot(9, deviceTargets, false)
 }
 func DcpTailEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

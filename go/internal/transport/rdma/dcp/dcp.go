@@ -92,6 +92,10 @@ type Tail struct {
 	Rails      []Rail
 	Segments   []Segment
 	Notify     *Notify
+	// DeviceTargets (v2): in an offer, the client may name device-memory (DMA-BUF) GET
+	// targets; in an answer, the server accepts them. A server older than the field never
+	// sets it.
+	DeviceTargets bool
 }
 
 // Limits bound what a peer may declare.
@@ -185,6 +189,9 @@ func encode(t Tail, magic uint32) []byte {
 	if nt != 0 {
 		fb.DcpTailAddNotify(b, nt)
 	}
+	if t.DeviceTargets {
+		fb.DcpTailAddDeviceTargets(b, true)
+	}
 	b.Finish(fb.DcpTailEnd(b))
 	return b.FinishedBytes()
 }
@@ -198,7 +205,8 @@ func decode(buf []byte) (t Tail, magic uint32, err error) {
 	err = wire.DecodeTable(buf, func(buf []byte) error {
 		x := fb.GetRootAsDcpTail(buf, 0)
 		magic = x.Magic()
-		t = Tail{Version: x.ProtocolVersion(), MaxBlock: x.MaxBlock(), Depth: x.Depth(), MaxTargets: x.MaxTargets()}
+		t = Tail{Version: x.ProtocolVersion(), MaxBlock: x.MaxBlock(), Depth: x.Depth(), MaxTargets: x.MaxTargets(),
+			DeviceTargets: x.DeviceTargets()}
 		if x.RailsLength() > 64 || x.SegmentsLength() > 64 || x.OptionsLength() > 64 {
 			return fmt.Errorf("%w: %d rails, %d segments, %d options", ErrRefused, x.RailsLength(), x.SegmentsLength(), x.OptionsLength())
 		}
@@ -357,6 +365,9 @@ func DecodeAnswer(buf []byte, offer Tail, lim Limits) (Tail, error) {
 	if t.Notify != nil && offer.Notify == nil {
 		return Tail{}, refuse("answer carries a notification QP the offer did not ask for")
 	}
+	if t.DeviceTargets && (!offer.DeviceTargets || t.Version != V2) {
+		return Tail{}, refuse("answer v%d accepts device targets the offer did not ask for", t.Version)
+	}
 	if offer.Version == V2 && t.Version == V1 {
 		return t, ErrFallbackV1
 	}
@@ -366,7 +377,15 @@ func DecodeAnswer(buf []byte, offer Tail, lim Limits) (Tail, error) {
 		return Tail{}, refuse("answer GID %s is %s, the offer's %s is %s", t.Rails[0].GID, a, offer.Rails[0].GID, o)
 	}
 	if t.Version == V2 {
-		if t.MaxBlock != offer.MaxBlock || t.MaxTargets > offer.MaxTargets {
+		// A server that accepts device targets may grant more targets than offered (up to
+		// the client's limit): the offer keeps its old value so older servers, which refuse
+		// offers above their own limit, still accept it; a direct load names one target per
+		// layer piece.
+		maxT := offer.MaxTargets
+		if t.DeviceTargets {
+			maxT = max(maxT, lim.MaxTargets)
+		}
+		if t.MaxBlock != offer.MaxBlock || t.MaxTargets > maxT {
 			return Tail{}, refuse("answer geometry block %d targets %d for offer block %d targets %d",
 				t.MaxBlock, t.MaxTargets, offer.MaxBlock, offer.MaxTargets)
 		}

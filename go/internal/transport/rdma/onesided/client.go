@@ -31,6 +31,12 @@ type Op struct {
 	Offset, Length uint64
 	Dst            [][]byte
 
+	// Direct: Dst lies in device memory (Device.RegisterDMABuf). It is served only by the
+	// server writing every piece into a registered range: never a staging slot or a
+	// transient MR; Refused (wrapping ErrDirectRefused) says why it was not posted.
+	Direct  bool
+	Refused error
+
 	Status   wire.Status
 	ValueLen uint64
 	N        int
@@ -71,6 +77,7 @@ type Client struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	qpOnce    sync.Once // destroyQP
 
 	// Notifications (notify.go).
 	nep        *notify.Endpoint
@@ -137,7 +144,8 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 	cfg.Logger.Debug("rdma: source GID", "device", c.ctx.Info().Name, "index", gid.Entry.Index, "gid", gid.Entry.GID, "type", gid.Entry.Type, "why", gid.Why)
 	local := dcp.Rail{Device: c.ctx.Info().Name, Port: port.Num, LID: port.LID, GID: gid.Entry.GID, GIDType: gid.Entry.Type,
 		QPNum: c.qp.Num(), PSN: rand.Uint32() & 0xffffff, MTU: port.MTU}
-	offer := dcp.Tail{Version: dcp.V2, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, MaxTargets: min(cfg.MaxTargets, maxTargetsInSlot), Rails: []dcp.Rail{local}}
+	offer := dcp.Tail{Version: dcp.V2, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, MaxTargets: min(cfg.MaxTargets, maxTargetsInSlot), Rails: []dcp.Rail{local},
+		DeviceTargets: true}
 	if cfg.ForceV1 {
 		offer = dcp.Tail{Version: dcp.V1, MaxBlock: cfg.MaxBlock, Depth: cfg.Depth, Rails: []dcp.Rail{local}}
 	}
@@ -155,7 +163,9 @@ func Dial(boot net.Conn, cfg Config) (_ *Client, err error) {
 		}
 		return nil, fmt.Errorf("%w: %s", ErrRefused, body)
 	}
-	ans, err := dcp.DecodeAnswer(body, offer, cfg.limits())
+	lim := cfg.limits()
+	lim.MaxTargets = maxTargetsInSlot // what a device-target server may grant: the header page holds it
+	ans, err := dcp.DecodeAnswer(body, offer, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -227,7 +237,8 @@ func (c *Client) close() error {
 	if c.readerDone != nil {
 		<-c.readerDone
 	}
-	for _, x := range []interface{ Close() error }{c.qp, c.hdr, c.stage, c.resp} {
+	c.destroyQP()
+	for _, x := range []interface{ Close() error }{c.hdr, c.stage, c.resp} {
 		if x != nil {
 			x.Close()
 		}
@@ -268,6 +279,7 @@ type pending struct {
 	capSize uint64
 	tmp     []*mrEntry // transient MRs the op uses, released when it completes
 	pools   []*poolMR  // pool MRs the op uses (UnregisterMemory waits for them)
+	posted  time.Time  // a direct GET's post (DirectNanos)
 }
 
 // done releases p's transient and pool MRs (its op completed, or the connection broke).
@@ -298,8 +310,17 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 	// sgIn: the multi-SGE requests of window (in flight on this QP; SGMetrics).
 	var sgIn int64
 	var window []pending
-	defer func() { // a broken connection: what was in flight lets go of its transient MRs
+	defer func() { // a broken connection: what was in flight lets go of its MRs
+		if len(window) > 0 {
+			// The server may still write into these targets (a timeout, a lost reply): no
+			// write can land once the QP is destroyed, so only then may UnregisterMemory or
+			// UnregisterDMABuf (which wait for these references) return and the memory go.
+			c.destroyQP()
+		}
 		for i := range window {
+			if window[i].op.Direct {
+				c.M.DirectFailures.Add(1)
+			}
 			c.done(&window[i])
 		}
 	}()
@@ -320,6 +341,10 @@ func (c *Client) Do(ctx context.Context, ops []*Op) error {
 				c.done(&p)
 				if errors.Is(err, ErrBroken) {
 					return c.breakLocked(err)
+				}
+				if errors.Is(err, ErrDirectRefused) {
+					c.M.DirectRefused.Add(1)
+					ops[i].Refused = err
 				}
 				ops[i].Status = fb.StatusInvalid
 				i++
@@ -422,6 +447,19 @@ func (c *Client) post(ctx context.Context, op *Op) (pending, error) {
 			return p, fmt.Errorf("onesided: GET without a destination")
 		}
 		p.capSize = capacity
+		if op.Direct {
+			tg, err := c.directTargets(op, &p, c2)
+			if err != nil {
+				return p, err
+			}
+			p.posted = time.Now()
+			req.Count = uint32(len(tg))
+			for i, t := range tg {
+				putTarget(hdr[wire.RequestSize+i*targetSize:], t)
+			}
+			hdrLen += len(tg) * targetSize
+			break
+		}
 		registered := c2 <= int(c.tail.MaxTargets)
 		pool := true
 		for _, d := range op.Dst {
@@ -541,6 +579,44 @@ func (c *Client) memFor(b []byte, p *pending) (mr verbs.MR, off int, inPool bool
 	}
 	p.tmp = append(p.tmp, e)
 	return e.mr, 0, false
+}
+
+// DeviceTargets reports whether the server accepts GET targets in device memory.
+func (c *Client) DeviceTargets() bool { return !c.v1 && c.tail.DeviceTargets }
+
+// directTargets resolves a direct GET's pieces to registered ranges (p takes a reference
+// on each), or refuses it: nothing of it may go through staging or a transient MR.
+func (c *Client) directTargets(op *Op, p *pending, pieces int) ([]target, error) {
+	switch {
+	case !c.DeviceTargets():
+		return nil, fmt.Errorf("%w: server does not accept device targets (v%d, device_targets %v)", ErrDirectRefused, c.tail.Version, c.tail.DeviceTargets)
+	case pieces > int(c.tail.MaxTargets):
+		return nil, fmt.Errorf("%w: %d pieces, the server grants %d targets per request", ErrDirectRefused, pieces, c.tail.MaxTargets)
+	}
+	tg := make([]target, 0, pieces)
+	for i, d := range op.Dst {
+		if len(d) == 0 {
+			continue
+		}
+		m, off := c.dev.acquirePool(d)
+		if m == nil {
+			return nil, fmt.Errorf("%w: piece %d (%d bytes at %#x) is not in registered memory", ErrDirectRefused, i, len(d), addrOf(d))
+		}
+		p.pools = append(p.pools, m)
+		tg = append(tg, target{addr: m.mr.Addr() + uint64(off), rkey: m.mr.RKey() ^ testTargetRKeyXor, len: uint32(len(d))})
+	}
+	c.M.MRPoolOps.Add(1)
+	return tg, nil
+}
+
+// destroyQP destroys the QP once (Close or a broken window): after it no remote write
+// lands in this connection's targets.
+func (c *Client) destroyQP() {
+	c.qpOnce.Do(func() {
+		if c.qp != nil {
+			c.qp.Close()
+		}
+	})
 }
 
 // reapSend polls send completions: they reclaim send queue entries and carry errors.
@@ -665,6 +741,11 @@ func (c *Client) complete(ctx context.Context, p pending) error {
 			return fmt.Errorf("reply claims %d bytes for %d of targets", resp.PayloadLen, p.capSize)
 		}
 		op.N = int(resp.PayloadLen)
+		if op.Direct {
+			c.M.DirectGets.Add(1)
+			c.M.DirectBytes.Add(int64(op.N))
+			c.M.DirectNanos.Add(int64(time.Since(p.posted)))
+		}
 		if p.bounce {
 			st := c.stageBuf.Bytes()[uint64(p.slot)*c.slotB:]
 			st = st[:resp.PayloadLen]

@@ -50,6 +50,10 @@ type Config struct {
 	// GID is the operator's part of each connection's source GID choice: an index
 	// override, the hop limit and the traffic class (gid.go, docs/RDMA.md §8).
 	GID verbs.GIDPolicy
+	// NoDeviceTargets (server) declines GET targets in device memory (DMA-BUF MRs; every
+	// v2 client asks, Client.DeviceTargets says what the server answered): such a client
+	// then refuses direct loads to it.
+	NoDeviceTargets bool
 
 	// shared, set by NewRailServer, is the receive segment every rail's Server registers
 	// on its own PD instead of allocating one.
@@ -89,6 +93,9 @@ const busyPrefix = "busy: "
 // maxTargetsInSlot: the prefix and the targets share the request's first page.
 const maxTargetsInSlot = (dcp.SlotPayloadOffset - wire.RequestSize) / targetSize
 
+// MaxTargets is the most GET targets one request can carry (Config.MaxTargets' bound).
+const MaxTargets = maxTargetsInSlot
+
 func (c *Config) limits() dcp.Limits {
 	l := dcp.DefaultLimits
 	l.MaxBlock = max(c.MaxBlock, l.MaxBlock)
@@ -109,6 +116,11 @@ var (
 	// ErrPeerClosed (with ErrBroken): the server closed the connection's bootstrap TCP
 	// connection (it exited, was killed, or ended the session); nothing more will complete.
 	ErrPeerClosed = errors.New("onesided: server closed the bootstrap connection")
+	// ErrDirectRefused: a GET into device memory (Op.Direct) this connection cannot run
+	// as one RDMA WRITE into registered targets (the server does not accept device targets,
+	// a piece lies outside every registered range, more pieces than the granted targets).
+	// Nothing was posted; the connection stays usable.
+	ErrDirectRefused = errors.New("onesided: direct device load refused")
 )
 
 // pickDevice opens the named device, or the first with an ACTIVE port.
@@ -175,6 +187,19 @@ type Metrics struct {
 	MRPoolRegs   atomic.Int64
 	MRPoolDeregs atomic.Int64
 	MRPoolBytes  atomic.Int64
+	// Device memory (RegisterDMABuf) and direct loads into it: registrations (refused by
+	// the NIC: RegFailures), bytes registered; GETs that completed into device targets, their
+	// bytes and their post-to-reply time; GETs into device targets that failed after being
+	// posted (Failures) or were refused before (Refused: a server without device targets).
+	DMABufRegs        atomic.Int64
+	DMABufRegFailures atomic.Int64
+	DMABufDeregs      atomic.Int64
+	DMABufBytes       atomic.Int64
+	DirectGets        atomic.Int64
+	DirectBytes       atomic.Int64
+	DirectNanos       atomic.Int64
+	DirectFailures    atomic.Int64
+	DirectRefused     atomic.Int64
 	// IdleReclaims: pooled connections closed after sitting idle past the idle timeout.
 	IdleReclaims atomic.Int64
 	// PoolFull: a client op found every RDMA connection to its server busy (MaxConns) and
@@ -205,36 +230,45 @@ func (m *Metrics) Snapshot() map[string]float64 {
 
 func (m *Metrics) snapshot() map[string]float64 {
 	out := map[string]float64{
-		"dfkv_rdma_v1_conns_opened_total":         float64(m.V1ConnsOpened.Load()),
-		"dfkv_rdma_v2_conns_opened_total":         float64(m.V2ConnsOpened.Load()),
-		"dfkv_rdma_v2_put_writes_total":           float64(m.V2PutWrites.Load()),
-		"dfkv_rdma_v2_get_writes_total":           float64(m.V2GetWrites.Load()),
-		"dfkv_rdma_completions_total":             float64(m.Completions.Load()),
-		"dfkv_rdma_completion_errors_total":       float64(m.CompletionErrors.Load()),
-		"dfkv_rdma_active_conns":                  float64(m.ActiveConns.Load()),
-		"dfkv_rdma_refused_total":                 float64(m.Refused.Load()),
-		"dfkv_rdma_pin_waits_total":               float64(m.PinWaits.Load()),
-		"dfkv_rdma_pins_held":                     float64(m.PinsHeld.Load()),
-		"dfkv_rdma_v2_get_zero_copy_total":        float64(m.ZeroCopyGets.Load()),
-		"dfkv_rdma_v1_puts_total":                 float64(m.V1Puts.Load()),
-		"dfkv_rdma_v1_gets_total":                 float64(m.V1Gets.Load()),
-		"dfkv_rdma_mr_pool_ops_total":             float64(m.MRPoolOps.Load()),
-		"dfkv_rdma_mr_adhoc_registrations_total":  float64(m.MRAdhocRegs.Load()),
-		"dfkv_rdma_mr_adhoc_releases_total":       float64(m.MRAdhocReleased.Load()),
-		"dfkv_rdma_mr_adhoc_failures_total":       float64(m.MRAdhocFailures.Load()),
-		"dfkv_rdma_mr_cache_hits_total":           float64(m.MRCacheHits.Load()),
-		"dfkv_rdma_mr_cache_evictions_total":      float64(m.MRCacheEvictions.Load()),
-		"dfkv_rdma_mr_cache_bytes":                float64(m.MRCacheBytes.Load()),
-		"dfkv_rdma_staged_ops_total":              float64(m.StagedOps.Load()),
-		"dfkv_rdma_devices_open":                  float64(m.DevicesOpen.Load()),
-		"dfkv_rdma_pds_open":                      float64(m.PDsOpen.Load()),
-		"dfkv_rdma_mr_pool_registrations_total":   float64(m.MRPoolRegs.Load()),
-		"dfkv_rdma_mr_pool_deregistrations_total": float64(m.MRPoolDeregs.Load()),
-		"dfkv_rdma_mr_pool_bytes":                 float64(m.MRPoolBytes.Load()),
-		"dfkv_rdma_idle_reclaims_total":           float64(m.IdleReclaims.Load()),
-		"dfkv_rdma_pool_full_total":               float64(m.PoolFull.Load()),
-		"dfkv_rdma_stale_completions_total":       float64(m.StaleCompletions.Load()),
-		"dfkv_rdma_port_down_breaks_total":        float64(m.PortDownBreaks.Load()),
+		"dfkv_rdma_v1_conns_opened_total":              float64(m.V1ConnsOpened.Load()),
+		"dfkv_rdma_v2_conns_opened_total":              float64(m.V2ConnsOpened.Load()),
+		"dfkv_rdma_v2_put_writes_total":                float64(m.V2PutWrites.Load()),
+		"dfkv_rdma_v2_get_writes_total":                float64(m.V2GetWrites.Load()),
+		"dfkv_rdma_completions_total":                  float64(m.Completions.Load()),
+		"dfkv_rdma_completion_errors_total":            float64(m.CompletionErrors.Load()),
+		"dfkv_rdma_active_conns":                       float64(m.ActiveConns.Load()),
+		"dfkv_rdma_refused_total":                      float64(m.Refused.Load()),
+		"dfkv_rdma_pin_waits_total":                    float64(m.PinWaits.Load()),
+		"dfkv_rdma_pins_held":                          float64(m.PinsHeld.Load()),
+		"dfkv_rdma_v2_get_zero_copy_total":             float64(m.ZeroCopyGets.Load()),
+		"dfkv_rdma_v1_puts_total":                      float64(m.V1Puts.Load()),
+		"dfkv_rdma_v1_gets_total":                      float64(m.V1Gets.Load()),
+		"dfkv_rdma_mr_pool_ops_total":                  float64(m.MRPoolOps.Load()),
+		"dfkv_rdma_mr_adhoc_registrations_total":       float64(m.MRAdhocRegs.Load()),
+		"dfkv_rdma_mr_adhoc_releases_total":            float64(m.MRAdhocReleased.Load()),
+		"dfkv_rdma_mr_adhoc_failures_total":            float64(m.MRAdhocFailures.Load()),
+		"dfkv_rdma_mr_cache_hits_total":                float64(m.MRCacheHits.Load()),
+		"dfkv_rdma_mr_cache_evictions_total":           float64(m.MRCacheEvictions.Load()),
+		"dfkv_rdma_mr_cache_bytes":                     float64(m.MRCacheBytes.Load()),
+		"dfkv_rdma_staged_ops_total":                   float64(m.StagedOps.Load()),
+		"dfkv_rdma_devices_open":                       float64(m.DevicesOpen.Load()),
+		"dfkv_rdma_pds_open":                           float64(m.PDsOpen.Load()),
+		"dfkv_rdma_mr_pool_registrations_total":        float64(m.MRPoolRegs.Load()),
+		"dfkv_rdma_mr_pool_deregistrations_total":      float64(m.MRPoolDeregs.Load()),
+		"dfkv_rdma_mr_pool_bytes":                      float64(m.MRPoolBytes.Load()),
+		"dfkv_rdma_dmabuf_registrations_total":         float64(m.DMABufRegs.Load()),
+		"dfkv_rdma_dmabuf_registration_failures_total": float64(m.DMABufRegFailures.Load()),
+		"dfkv_rdma_dmabuf_deregistrations_total":       float64(m.DMABufDeregs.Load()),
+		"dfkv_rdma_dmabuf_bytes":                       float64(m.DMABufBytes.Load()),
+		"dfkv_rdma_direct_gets_total":                  float64(m.DirectGets.Load()),
+		"dfkv_rdma_direct_bytes_total":                 float64(m.DirectBytes.Load()),
+		"dfkv_rdma_direct_transfer_seconds_total":      float64(m.DirectNanos.Load()) / 1e9,
+		"dfkv_rdma_direct_failures_total":              float64(m.DirectFailures.Load()),
+		"dfkv_rdma_direct_refused_total":               float64(m.DirectRefused.Load()),
+		"dfkv_rdma_idle_reclaims_total":                float64(m.IdleReclaims.Load()),
+		"dfkv_rdma_pool_full_total":                    float64(m.PoolFull.Load()),
+		"dfkv_rdma_stale_completions_total":            float64(m.StaleCompletions.Load()),
+		"dfkv_rdma_port_down_breaks_total":             float64(m.PortDownBreaks.Load()),
 	}
 	m.SG.add(out)
 	return out

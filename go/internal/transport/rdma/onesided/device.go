@@ -43,6 +43,7 @@ type Device struct {
 // marks it leaving (no new op takes it) and waits for refs to drain.
 type poolMR struct {
 	mr      verbs.MR
+	device  bool // a DMA-BUF (RegisterDMABuf): GET targets only, never touched by the CPU
 	refs    int
 	leaving bool
 	drained chan struct{} // closed when refs reaches 0 while leaving (nil until waited on)
@@ -119,6 +120,11 @@ func (d *Device) Release() error {
 func (d *Device) closePool(p *poolMR) {
 	n := int64(p.mr.Len())
 	p.mr.Close()
+	if p.device {
+		d.m.DMABufDeregs.Add(1)
+		d.m.DMABufBytes.Add(-n)
+		return
+	}
 	d.m.MRPoolDeregs.Add(1)
 	d.m.MRPoolBytes.Add(-n)
 }
@@ -155,11 +161,54 @@ func (d *Device) RegisterMemory(buf []byte) error {
 	return nil
 }
 
+// RegisterDMABuf registers bytes [offset, offset+size) of the DMA-BUF fd as device memory
+// named [iova, iova+size): GET targets there are written by the server's NIC and by
+// nothing else. The same range again is a no-op; an overlap with any registered range is
+// ErrInvalid. The NIC's refusal wraps verbs.ErrDMABufUnsupported.
+func (d *Device) RegisterDMABuf(fd int, offset, size, iova uint64) error {
+	if size == 0 || size > 1<<46 || iova == 0 || iova+size < iova {
+		return fmt.Errorf("%w: register dmabuf: %d bytes at %#x", verbs.ErrInvalid, size, iova)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.refs == 0 {
+		return fmt.Errorf("onesided: register dmabuf: %w", verbs.ErrClosed)
+	}
+	if p := d.exactAddrLocked(iova, int(size)); p != nil {
+		if p.device {
+			return nil
+		}
+		return fmt.Errorf("%w: dmabuf at %#x is registered as host memory", verbs.ErrInvalid, iova)
+	}
+	for _, p := range d.pools {
+		if !p.leaving && iova < p.mr.Addr()+uint64(p.mr.Len()) && p.mr.Addr() < iova+size {
+			return fmt.Errorf("%w: dmabuf [%#x, +%d) overlaps a registered range [%#x, +%d)", verbs.ErrInvalid, iova, size, p.mr.Addr(), p.mr.Len())
+		}
+	}
+	mr, err := d.pd.RegDMABuf(fd, offset, size, iova, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		d.m.DMABufRegFailures.Add(1)
+		return fmt.Errorf("onesided: %s: register dmabuf of %d bytes: %w", d.Name(), size, err)
+	}
+	d.m.DMABufRegs.Add(1)
+	d.m.DMABufBytes.Add(int64(size))
+	d.pools = append(d.pools, &poolMR{mr: mr, device: true})
+	return nil
+}
+
+// UnregisterDMABuf is UnregisterMemory for a RegisterDMABuf range (exactly [iova, +size)).
+func (d *Device) UnregisterDMABuf(ctx context.Context, iova, size uint64) error {
+	return d.unregister(ctx, iova, int(size), true)
+}
+
 // exactLocked returns the live (not leaving) pool registered for exactly buf.
 func (d *Device) exactLocked(buf []byte) *poolMR {
-	a := addrOf(buf)
+	return d.exactAddrLocked(addrOf(buf), len(buf))
+}
+
+func (d *Device) exactAddrLocked(a uint64, n int) *poolMR {
 	for _, p := range d.pools {
-		if !p.leaving && p.mr.Addr() == a && p.mr.Len() == len(buf) {
+		if !p.leaving && p.mr.Addr() == a && p.mr.Len() == n {
 			return p
 		}
 	}
@@ -173,11 +222,15 @@ func (d *Device) UnregisterMemory(ctx context.Context, buf []byte) error {
 	if len(buf) == 0 {
 		return fmt.Errorf("%w: unregister 0 bytes", ErrNotRegistered)
 	}
+	return d.unregister(ctx, addrOf(buf), len(buf), false)
+}
+
+func (d *Device) unregister(ctx context.Context, a uint64, n int, device bool) error {
 	d.mu.Lock()
-	p := d.exactLocked(buf)
-	if p == nil {
+	p := d.exactAddrLocked(a, n)
+	if p == nil || p.device != device {
 		d.mu.Unlock()
-		return fmt.Errorf("%w: %d bytes at %#x", ErrNotRegistered, len(buf), addrOf(buf))
+		return fmt.Errorf("%w: %d bytes at %#x", ErrNotRegistered, n, a)
 	}
 	p.leaving = true
 	for p.refs > 0 && !p.closed {

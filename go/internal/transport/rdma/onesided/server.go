@@ -272,6 +272,11 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 	cfg := s.cfg
 	c := &serverConn{s: s, depth: int(min(offer.Depth, cfg.Depth)), slot: dcp.SlotSize(offer.MaxBlock), block: offer.MaxBlock,
 		targets: int(min(offer.MaxTargets, cfg.MaxTargets, maxTargetsInSlot))}
+	if offer.DeviceTargets && !cfg.NoDeviceTargets {
+		// A client that knows device targets takes up to a full header page of them
+		// (dcp.DecodeAnswer): grant what this server is sized for.
+		c.targets = int(min(cfg.MaxTargets, maxTargetsInSlot))
+	}
 	defer c.close()
 	lease := uint64(c.depth) * c.slot
 	if c.leaseOff, err = s.seg.alloc(lease); err != nil {
@@ -320,7 +325,11 @@ func (s *Server) serveV2(ctx context.Context, boot net.Conn, offer dcp.Tail) (er
 	ans := dcp.Tail{Version: dcp.V2, MaxBlock: offer.MaxBlock, Depth: uint32(c.depth), MaxTargets: uint32(c.targets),
 		Rails: []dcp.Rail{local},
 		Segments: []dcp.Segment{{Addr: s.segMR.Addr() + c.leaseOff, RKey: s.segMR.RKey(), Length: lease,
-			SlotBytes: c.slot, Slots: uint32(c.depth)}}}
+			SlotBytes: c.slot, Slots: uint32(c.depth)}},
+		// The server needs nothing of a device target beyond what any target gets (an RDMA
+		// WRITE, never a reply payload): saying so tells the client this server knows the
+		// contract (no inline replies, no bounce through the client's CPU).
+		DeviceTargets: offer.DeviceTargets && !cfg.NoDeviceTargets}
 	sn, err := s.acceptNotify(boot, offer, &ans, path)
 	if err != nil {
 		return s.refuse(boot, err)

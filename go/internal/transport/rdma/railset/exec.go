@@ -29,7 +29,14 @@ func (p *Peer) Exec(ctx context.Context, op *onesided.Op) (handled bool, err err
 // fails with ErrTimeout when the wait runs out: it never spills to a lower tier or to TCP.
 func (p *Peer) do(ctx context.Context, ops []*onesided.Op) (handled bool, err error) {
 	s := p.s
-	oc, rail, cerr := p.conn(ctx)
+	var oc *onesided.Client
+	var rail string
+	var cerr error
+	if anyDirect(ops) {
+		oc, rail, cerr = p.connWait(ctx)
+	} else {
+		oc, rail, cerr = p.conn(ctx)
+	}
 	if oc == nil {
 		if cerr != nil && !errors.Is(cerr, ErrNoCompatibleRail) {
 			for _, o := range ops { // credits never came: nothing was submitted
@@ -92,4 +99,14 @@ func (p *Peer) do(ctx context.Context, ops []*onesided.Op) (handled bool, err er
 		p.h.MarkFailed()
 		return true, s.o.Errors.IO(p.addr, derr)
 	}
+}
+
+// anyDirect: some op loads into device memory (only RDMA may serve it).
+func anyDirect(ops []*onesided.Op) bool {
+	for _, o := range ops {
+		if o.Direct {
+			return true
+		}
+	}
+	return false
 }

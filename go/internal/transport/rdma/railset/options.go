@@ -30,6 +30,7 @@ type Options struct {
 	SoftNUMANodes     []int
 	SoftDevices       int
 	SoftFaultFile     string
+	SoftNoDMABuf      bool
 	Depth             uint32 // default 4
 	MaxBlock          uint64 // default 4 MiB, at most MaxValue
 	ForceV1           bool

@@ -22,6 +22,7 @@ type Peer struct {
 
 	mu      sync.Mutex
 	refusal refusalBackoff              // the server refused RDMA: stay on TCP for a while
+	busyAt  time.Time                   // the last refusal for want of segment room (ErrBusy)
 	v1      bool                        // the server answers v1: offer v1 from the start
 	idle    []idleConn                  // most recently used last
 	all     map[*onesided.Client]string // every open connection and its rail
@@ -99,6 +100,36 @@ func (r *Peer) close() {
 // conn returns an idle or new RDMA connection to p and its rail, or nil when p is served
 // over TCP (err is ErrNoCompatibleRail when that is why: client-local).
 func (p *Peer) conn(ctx context.Context) (*onesided.Client, string, error) {
+	oc, rail, err := p.connTry(ctx)
+	if errors.Is(err, errPoolFull) {
+		return nil, "", nil
+	}
+	return oc, rail, err
+}
+
+// errPoolFull: every RDMA connection to the peer is busy (MaxConns). An ordinary op then
+// goes over TCP; a direct load (device memory) waits for one (connWait).
+var errPoolFull = errors.New("railset: every RDMA connection to the server is busy")
+
+// connWait is conn for ops that only RDMA may serve: a full pool is waited out (polled,
+// bounded by ctx and the I/O timeout), never left to TCP.
+func (p *Peer) connWait(ctx context.Context) (*onesided.Client, string, error) {
+	deadline := time.Now().Add(p.s.o.IOTimeout)
+	pause := 100 * time.Microsecond
+	for {
+		oc, rail, err := p.connTry(ctx)
+		if !errors.Is(err, errPoolFull) {
+			return oc, rail, err
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return nil, "", fmt.Errorf("%w: no RDMA connection to %s became free: %w", p.s.o.Errors.Timeout, p.addr, err)
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 5*time.Millisecond)
+	}
+}
+
+func (p *Peer) connTry(ctx context.Context) (*onesided.Client, string, error) {
 	// A dial that fails on its rail before anything was submitted quarantines that rail;
 	// the op then tries the next candidate (any op may cross rails then: nothing was sent).
 	for range len(p.s.rc.devices) {
@@ -157,7 +188,7 @@ func (p *Peer) connOnce(ctx context.Context) (*onesided.Client, string, error) {
 	if rail == "" && len(r.all)+r.dialing >= maxConns {
 		r.mu.Unlock()
 		s.m.PoolFull.Add(1)
-		return nil, "", nil // every RDMA connection to p is busy: this op goes over TCP
+		return nil, "", errPoolFull // every RDMA connection to p is busy: this op goes over TCP
 	}
 	r.dialing++
 	v1 := r.v1 || o.ForceV1
@@ -167,11 +198,20 @@ func (p *Peer) connOnce(ctx context.Context) (*onesided.Client, string, error) {
 		r.dialing--
 		r.mu.Unlock()
 	}()
+	t0 := time.Now()
 	oc = p.dial(ctx, rail, v1)
 	if oc == nil && !v1 && p.speaksV1() {
 		// The server answered v1: never change protocol on that QP; open a fresh connection
 		// offering v1.
 		oc = p.dial(ctx, rail, true)
+	}
+	if oc == nil {
+		r.mu.Lock()
+		busy := !r.busyAt.Before(t0) && len(r.all) > 0
+		r.mu.Unlock()
+		if busy { // no room for another connection now, but p has some: one will be free
+			return nil, "", errPoolFull
+		}
 	}
 	return oc, rail, nil
 }
@@ -295,6 +335,9 @@ func (p *Peer) dialLane(ctx context.Context, rail string, v1, sg bool) *onesided
 		return nil
 	case errors.Is(err, onesided.ErrBusy): // the server's segment is exhausted right now: this op goes over TCP
 		s.setTCPReason(err.Error())
+		r.mu.Lock()
+		r.busyAt = time.Now()
+		r.mu.Unlock()
 		return nil
 	case rail != "": // a failed handshake on one rail: avoid that rail (probed back), not the server
 		p.quarantineRail(rail)

@@ -27,9 +27,12 @@ type Set struct {
 	provErr error
 
 	mu      sync.Mutex
-	regions [][]byte                    // RegisterMemory's ranges, registered on every device opened
-	devs    map[string]*onesided.Device // per rail, opened by its first connection; shared by all
-	closed  bool
+	regions [][]byte  // RegisterMemory's ranges, registered on every device opened
+	dmabufs []*dmabuf // RegisterDMABuf's ranges, likewise (dmabuf.go)
+
+	dmaRanges atomic.Pointer[[]dmabuf]    // a copy of dmabufs' ranges for Direct
+	devs      map[string]*onesided.Device // per rail, opened by its first connection; shared by all
+	closed    bool
 
 	// peersMu is apart from mu, which a device open or a registration holds for long: the
 	// janitor, the lane gauge and NewPeer (under the caller's own lock) never wait on those.
@@ -150,6 +153,9 @@ func (s *Set) Close() {
 	for _, dev := range devs {
 		dev.Release()
 	}
+	s.mu.Lock()
+	s.closeDMABufs()
+	s.mu.Unlock()
 }
 
 func (s *Set) provider() (verbs.Provider, error) {
@@ -167,7 +173,7 @@ func (s *Set) provider() (verbs.Provider, error) {
 				}
 			}
 			s.prov, s.provErr = soft.New(soft.Options{Devices: max(n, o.SoftDevices, len(o.SoftNUMANodes)),
-				FaultFile: o.SoftFaultFile, NUMANodes: o.SoftNUMANodes})
+				FaultFile: o.SoftFaultFile, NUMANodes: o.SoftNUMANodes, NoDMABuf: o.SoftNoDMABuf})
 		default:
 			s.provErr = fmt.Errorf("rdma provider %q (want ibverbs or soft)", o.Provider)
 		}
@@ -295,6 +301,7 @@ func (s *Set) device(prov verbs.Provider, rail string) (*onesided.Device, error)
 			return nil, fmt.Errorf("register memory: %w", err)
 		}
 	}
+	s.registerDMABufs(name, dev)
 	if s.devs == nil {
 		s.devs = map[string]*onesided.Device{}
 	}

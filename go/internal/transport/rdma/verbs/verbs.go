@@ -26,6 +26,9 @@ var (
 	// link set … down`) report that only in the port's state: its QPs see no completion
 	// error or async event, their WRs just never complete.
 	ErrPortDown = errors.New("verbs: port not active")
+	// ErrDMABufUnsupported: the provider, the library or the NIC's driver cannot import a
+	// DMA-BUF (RegDMABuf); the error names the errno where the driver gave one.
+	ErrDMABufUnsupported = errors.New("verbs: DMA-BUF registration not supported")
 )
 
 // PortStater is implemented by a Context that can read one port's current state
@@ -187,6 +190,11 @@ type PD interface {
 	// RegMR registers buf with the given access. Remote write/read requires the
 	// provider-specific local write rules of verbs (RemoteWrite implies LocalWrite).
 	RegMR(buf []byte, access Access) (MR, error)
+	// RegDMABuf registers bytes [offset, offset+size) of the DMA-BUF fd (device memory:
+	// ibv_reg_dmabuf_mr), named by peers and SGEs as [iova, iova+size). The MR's Bytes is
+	// nil where the host does not map the memory. The fd may be closed afterwards. A
+	// provider or NIC that cannot import it fails wrapping ErrDMABufUnsupported.
+	RegDMABuf(fd int, offset, size, iova uint64, access Access) (MR, error)
 	CreateQP(cfg QPConfig) (QP, error)
 	Close() error
 }
@@ -199,7 +207,7 @@ type MR interface {
 	LKey() uint32
 	RKey() uint32
 	Access() Access
-	// Bytes is the registered memory itself.
+	// Bytes is the registered memory itself (nil for device memory the host cannot map).
 	Bytes() []byte
 	Close() error
 }

@@ -359,7 +359,21 @@ func (p *protDomain) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 	if m == nil {
 		return nil, regMRError(len(buf), syscall.Errno(e), verbs.Memlock())
 	}
-	return &memRegion{mr: m, buf: buf, access: access}, nil
+	return &memRegion{mr: m, buf: buf, n: len(buf), access: access}, nil
+}
+
+// RegDMABuf registers device memory through ibv_reg_dmabuf_mr (rdma-core >= 34, a kernel
+// and driver that import DMA-BUFs: rxe answers EOPNOTSUPP). The MR has no host bytes.
+func (p *protDomain) RegDMABuf(fd int, offset, size, iova uint64, access verbs.Access) (verbs.MR, error) {
+	if fd < 0 || size == 0 || iova == 0 || iova+size < iova || size > uint64(^uint(0)>>1) {
+		return nil, fmt.Errorf("%w: register dmabuf fd %d, %d bytes at iova %#x", verbs.ErrInvalid, fd, size, iova)
+	}
+	var e C.int
+	m := C.dfkv_ibv_reg_dmabuf_mr(p.pd, C.uint64_t(offset), C.size_t(size), C.uint64_t(iova), C.int(fd), C.int(access), &e)
+	if m == nil {
+		return nil, regDMABufError(size, int(e))
+	}
+	return &memRegion{mr: m, n: int(size), access: access}, nil
 }
 
 func (p *protDomain) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
@@ -393,12 +407,13 @@ func (p *protDomain) Close() error {
 
 type memRegion struct {
 	mr     *C.struct_ibv_mr
-	buf    []byte
+	buf    []byte // nil for a DMA-BUF
+	n      int
 	access verbs.Access
 }
 
 func (m *memRegion) Addr() uint64         { return uint64(uintptr(m.mr.addr)) }
-func (m *memRegion) Len() int             { return len(m.buf) }
+func (m *memRegion) Len() int             { return m.n }
 func (m *memRegion) LKey() uint32         { return uint32(m.mr.lkey) }
 func (m *memRegion) RKey() uint32         { return uint32(m.mr.rkey) }
 func (m *memRegion) Access() verbs.Access { return m.access }

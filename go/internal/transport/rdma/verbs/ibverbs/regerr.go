@@ -26,3 +26,21 @@ func regMRError(n int, e syscall.Errno, l verbs.MemlockLimit) error {
 	}
 	return fmt.Errorf("ibverbs: reg_mr %d bytes: %s", n, msg)
 }
+
+// regDMABufError says why ibv_reg_dmabuf_mr of n bytes failed with errno e (-1: the loaded
+// libibverbs has no such entry point). A driver that cannot import DMA-BUFs (rxe, siw,
+// older kernels) answers EOPNOTSUPP: that and the missing entry point wrap
+// verbs.ErrDMABufUnsupported, and the errno is kept for errors.Is.
+func regDMABufError(n uint64, e int) error {
+	if e == -1 {
+		return fmt.Errorf("ibverbs: reg_dmabuf_mr %d bytes: %w: libibverbs has no ibv_reg_dmabuf_mr (rdma-core < 34)", n, verbs.ErrDMABufUnsupported)
+	}
+	errno := syscall.Errno(e)
+	switch errno {
+	case syscall.EOPNOTSUPP, syscall.EPROTONOSUPPORT, syscall.ENOSYS:
+		return fmt.Errorf("ibverbs: reg_dmabuf_mr %d bytes: %w: errno %d: %w", n, verbs.ErrDMABufUnsupported, e, errno)
+	case 0:
+		return fmt.Errorf("ibverbs: reg_dmabuf_mr %d bytes: no error reported", n)
+	}
+	return fmt.Errorf("ibverbs: reg_dmabuf_mr %d bytes: errno %d: %w", n, e, errno)
+}

@@ -35,3 +35,30 @@ func TestRegMRError(t *testing.T) {
 		})
 	}
 }
+
+func TestRegDMABufError(t *testing.T) {
+	for _, tc := range []struct {
+		e           int
+		unsupported bool
+		errno       syscall.Errno
+		text        string
+	}{
+		{-1, true, 0, "has no ibv_reg_dmabuf_mr"},
+		{95, true, syscall.EOPNOTSUPP, "errno 95"},
+		{int(syscall.ENOSYS), true, syscall.ENOSYS, "errno 38"},
+		{int(syscall.EINVAL), false, syscall.EINVAL, "errno 22"},
+		{int(syscall.EBADF), false, syscall.EBADF, "errno 9"},
+		{0, false, 0, "no error reported"},
+	} {
+		err := regDMABufError(4096, tc.e)
+		if errors.Is(err, verbs.ErrDMABufUnsupported) != tc.unsupported {
+			t.Errorf("errno %d: %v: unsupported = %v, want %v", tc.e, err, !tc.unsupported, tc.unsupported)
+		}
+		if tc.errno != 0 && !errors.Is(err, tc.errno) {
+			t.Errorf("errno %d: %v does not wrap %v", tc.e, err, tc.errno)
+		}
+		if !strings.Contains(err.Error(), tc.text) {
+			t.Errorf("errno %d: %q lacks %q", tc.e, err, tc.text)
+		}
+	}
+}

@@ -36,6 +36,8 @@ struct fns {
 	struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
 	int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
 	int (*destroy_qp)(struct ibv_qp *);
+	// Optional (NULL when the library lacks it): rdma-core >= 34.
+	struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
 	// Optional (NULL when the library lacks it): rdma-core >= 29.
 	ssize_t (*query_gid_table)(struct ibv_context *, struct ibv_gid_entry *, size_t, uint32_t, size_t);
 };
@@ -77,6 +79,7 @@ static int resolve_all(void *h, const char *path, struct fns *t, char *err, size
 	RESOLVE(modify_qp, "ibv_modify_qp");
 	RESOLVE(destroy_qp, "ibv_destroy_qp");
 	*(void **)(&t->query_gid_table) = dlsym(h, "_ibv_query_gid_table");
+	*(void **)(&t->reg_dmabuf_mr) = dlsym(h, "ibv_reg_dmabuf_mr");
 	return 0;
 }
 
@@ -188,6 +191,19 @@ struct ibv_mr *dfkv_ibv_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, in
 	return mr;
 }
 int dfkv_ibv_dereg_mr(struct ibv_mr *mr) { return fn.dereg_mr(mr); }
+
+// dfkv_ibv_reg_dmabuf_mr: *err = -1 when the library has no ibv_reg_dmabuf_mr.
+struct ibv_mr *dfkv_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd,
+				      int access, int *err) {
+	if (!fn.reg_dmabuf_mr) {
+		*err = -1;
+		return NULL;
+	}
+	errno = 0;
+	struct ibv_mr *mr = fn.reg_dmabuf_mr(pd, offset, len, iova, fd, access);
+	*err = errno;
+	return mr;
+}
 
 struct ibv_comp_channel *dfkv_ibv_create_comp_channel(struct ibv_context *c, int *err) {
 	errno = 0;

@@ -35,6 +35,8 @@ struct ibv_pd *dfkv_ibv_alloc_pd(struct ibv_context *c, int *err);
 int dfkv_ibv_dealloc_pd(struct ibv_pd *pd);
 struct ibv_mr *dfkv_ibv_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, int access, int *err);
 int dfkv_ibv_dereg_mr(struct ibv_mr *mr);
+struct ibv_mr *dfkv_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd,
+				      int access, int *err);
 struct ibv_comp_channel *dfkv_ibv_create_comp_channel(struct ibv_context *c, int *err);
 int dfkv_ibv_destroy_comp_channel(struct ibv_comp_channel *ch);
 struct ibv_cq *dfkv_ibv_create_cq(struct ibv_context *c, int cqe, struct ibv_comp_channel *ch, int *err);

@@ -39,6 +39,8 @@ type Options struct {
 	// AckDelay, when set, is an injected fault: the responder waits the returned duration
 	// before acknowledging a request of the given opcode (e.g. to hold a SEND completion).
 	AckDelay func(op verbs.Opcode) time.Duration
+	// NoDMABuf makes RegDMABuf fail as a NIC without DMA-BUF import does (EOPNOTSUPP).
+	NoDMABuf bool
 	Logger   *slog.Logger
 }
 
@@ -103,6 +105,8 @@ func New(opt Options) (*Provider, error) {
 			nextQPN: 0x100 + seed&0xfff,
 			mrs:     map[uint32]*mr{},
 			qps:     map[uint32]*qp{},
+
+			noDMABuf: opt.NoDMABuf,
 		})
 	}
 	return p, nil
@@ -187,6 +191,8 @@ type device struct {
 
 	lastMu sync.Mutex // a leaf lock (taken under a QP's mu)
 	lastWC *verbs.WorkCompletion
+
+	noDMABuf bool // Options.NoDMABuf
 }
 
 // recordWC remembers the device's last successful send completion (the stale_wc fault
@@ -433,6 +439,12 @@ func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
 		return nil, fmt.Errorf("%w: remote write access requires local write", verbs.ErrInvalid)
 	}
+	return p.register(buf, uint64(uintptr(unsafe.Pointer(&buf[0]))), access, nil), nil
+}
+
+// register makes buf an MR named by peers as [addr, addr+len(buf)); unmap (may be nil)
+// runs once Close has waited out every transfer touching buf.
+func (p *pd) register(buf []byte, addr uint64, access verbs.Access, unmap func()) *mr {
 	d := p.ctx.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -442,9 +454,30 @@ func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 		d.nextKey += 0x100
 		key = d.nextKey
 	}
-	m := &mr{pd: p, buf: buf, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), key: key, access: access}
+	m := &mr{pd: p, buf: buf, addr: addr, key: key, access: access, unmap: unmap}
 	d.mrs[key] = m
-	return m, nil
+	return m
+}
+
+// RegDMABuf stands in for ibv_reg_dmabuf_mr: the soft NIC maps the buffer itself (a memfd
+// or a udmabuf: anything mmap-able) and places bytes through that mapping, so the caller's
+// own mapping of the same buffer (its "device" allocation) sees them without any copy by
+// the caller; peers name it by iova, as with a real NIC.
+func (p *pd) RegDMABuf(fd int, offset, size, iova uint64, access verbs.Access) (verbs.MR, error) {
+	if fd < 0 || size == 0 || size > maxMRLen || iova == 0 || iova+size < iova {
+		return nil, fmt.Errorf("%w: register dmabuf fd %d, %d bytes at iova %#x", verbs.ErrInvalid, fd, size, iova)
+	}
+	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("%w: remote write access requires local write", verbs.ErrInvalid)
+	}
+	if p.ctx.d.noDMABuf {
+		return nil, fmt.Errorf("%w: soft device %s: EOPNOTSUPP (configured without DMA-BUF)", verbs.ErrDMABufUnsupported, p.ctx.d.name)
+	}
+	buf, unmap, err := mapDMABuf(fd, offset, size)
+	if err != nil {
+		return nil, err
+	}
+	return p.register(buf, iova, access, unmap), nil
 }
 
 func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
@@ -500,6 +533,7 @@ type mr struct {
 	// when no transfer touches the memory any more (the caller may unmap it next).
 	mu     sync.RWMutex
 	closed bool
+	unmap  func() // RegDMABuf's mapping, released after the last transfer
 }
 
 func (m *mr) Addr() uint64         { return m.addr }
@@ -517,8 +551,12 @@ func (m *mr) Close() error {
 	}
 	d.mu.Unlock()
 	m.mu.Lock()
+	first := !m.closed
 	m.closed = true
 	m.mu.Unlock()
+	if first && m.unmap != nil {
+		m.unmap()
+	}
 	return nil
 }
 
