@@ -4,7 +4,7 @@ tools/gen_ctypes.py. Do not edit: change the header and rerun the generator
 
 from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_int64, c_uint32, c_uint64, c_void_p
 
-__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "STATUS_OK", "STATUS_NOT_FOUND", "STATUS_UNAVAILABLE", "STATUS_TIMEOUT", "STATUS_FORBIDDEN", "STATUS_TOO_LARGE", "STATUS_BUFFER_TOO_SMALL", "STATUS_CACHE_FULL", "STATUS_QUOTA_EXCEEDED", "STATUS_BUSY", "STATUS_IO_ERROR", "STATUS_INVALID", "STATUS_PROTOCOL", "STATUS_CLOSED", "STATUS_INTERNAL", "TAG_HASH_BYTES", "TAG_HASH_UINT64", "ClientOptionsV2", "BlockTag", "PROTOTYPES"]
+__all__ = ["ABI_VERSION", "CLIENT_OPT_REGISTER_WITH_MDS", "CLIENT_OPT_RDMA", "STATUS_OK", "STATUS_NOT_FOUND", "STATUS_UNAVAILABLE", "STATUS_TIMEOUT", "STATUS_FORBIDDEN", "STATUS_TOO_LARGE", "STATUS_BUFFER_TOO_SMALL", "STATUS_CACHE_FULL", "STATUS_QUOTA_EXCEEDED", "STATUS_BUSY", "STATUS_IO_ERROR", "STATUS_INVALID", "STATUS_PROTOCOL", "STATUS_CLOSED", "STATUS_INTERNAL", "STATUS_DIRECT_UNSUPPORTED", "TAG_HASH_BYTES", "TAG_HASH_UINT64", "ClientOptionsV2", "BlockTag", "PROTOTYPES"]
 
 # Constants (#define).
 ABI_VERSION = 2
@@ -25,6 +25,7 @@ STATUS_INVALID = 11
 STATUS_PROTOCOL = 12
 STATUS_CLOSED = 13
 STATUS_INTERNAL = 14
+STATUS_DIRECT_UNSUPPORTED = 15
 TAG_HASH_BYTES = (1 << 0)
 TAG_HASH_UINT64 = (1 << 1)
 
@@ -124,4 +125,8 @@ PROTOTYPES = {
     "dfkv_last_status": (c_int, [c_void_p]),
     # dfkv_tag(c, tags, n)
     "dfkv_tag": (c_int, [c_void_p, POINTER(BlockTag), c_int]),
+    # dfkv_register_dmabuf(c, fd, offset, size, iova)
+    "dfkv_register_dmabuf": (c_int, [c_void_p, c_int, c_uint64, c_uint64, c_uint64]),
+    # dfkv_unregister_dmabuf(c, iova, size)
+    "dfkv_unregister_dmabuf": (c_int, [c_void_p, c_uint64, c_uint64]),
 }

@@ -14,6 +14,11 @@ Accepted objects:
 * objects with ``data_ptr()`` (torch tensors, ``RawBuffer``) — size from ``nbytes`` or
   ``numel() * element_size()``; must be contiguous, and on the CPU unless the transport can
   reach device memory (RDMA with registered memory).
+* GET destinations only: device memory inside a range registered with
+  ``Client.register_dmabuf`` — a CUDA tensor, ``RawBuffer(ptr, n, device=True)`` or a raw
+  ``(ptr, nbytes)`` pair of ints (a device pointer). The library writes such a destination
+  only by RDMA into the device memory, never with the CPU; device memory outside every
+  registered range, and device memory as a PUT source, are refused.
 """
 
 from __future__ import annotations
@@ -98,7 +103,19 @@ def new_bytes(n: int) -> Tuple[bytes, int]:
     return b, _bytes_addr(b)
 
 
-def _tensor_region(obj: Any, device_ok: bool) -> Tuple[int, int]:
+def _in_ranges(ranges: Tuple[Tuple[int, int], ...], addr: int, n: int) -> bool:
+    return any(lo <= addr and addr + n <= lo + size for lo, size in ranges)
+
+
+def _raw_pair(obj: Tuple[Any, ...], what: str) -> Tuple[int, int]:
+    if (len(obj) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in obj)
+            or obj[0] <= 0 or obj[1] < 0):
+        raise DfkvError(f"{what}: a raw region is a (positive address, non-negative size) pair "
+                        f"of ints, got {obj!r}")
+    return int(obj[0]), int(obj[1])
+
+
+def _tensor_region(obj: Any, device_ok: bool, device_ranges: Tuple[Tuple[int, int], ...] = ()) -> Tuple[int, int]:
     is_contig = getattr(obj, "is_contiguous", None)
     if callable(is_contig) and not is_contig():
         raise DfkvError(f"{type(obj).__name__} is not contiguous; call .contiguous() first")
@@ -107,11 +124,6 @@ def _tensor_region(obj: Any, device_ok: bool) -> Tuple[int, int]:
         on_device = device
     else:  # torch: tensor.device.type is "cpu", "cuda", ...
         on_device = device is not None and getattr(device, "type", "cpu") != "cpu"
-    if on_device and not device_ok:
-        raise DfkvError(
-            f"{type(obj).__name__} lives in device memory, which the TCP transport cannot read; "
-            "use a host (CPU) buffer"
-        )
     n = getattr(obj, "nbytes", None)
     if not isinstance(n, int):
         try:
@@ -120,7 +132,19 @@ def _tensor_region(obj: Any, device_ok: bool) -> Tuple[int, int]:
             raise DfkvError(
                 f"{type(obj).__name__} has data_ptr() but neither nbytes nor numel()/element_size()"
             ) from e
-    return int(obj.data_ptr()), int(n)
+    addr = int(obj.data_ptr())
+    if on_device and not device_ok and not _in_ranges(device_ranges, addr, int(n)):
+        if device_ranges:
+            raise DfkvError(
+                f"{type(obj).__name__} at 0x{addr:x} ({n} bytes) lives in device memory outside "
+                "every range registered with register_dmabuf; only GETs into registered device "
+                "memory are served (by RDMA)")
+        raise DfkvError(
+            f"{type(obj).__name__} lives in device memory, which the library cannot read or "
+            "write with the CPU; use a host (CPU) buffer, or register the device memory with "
+            "register_dmabuf and GET into it"
+        )
+    return addr, int(n)
 
 
 def nbytes_of(obj: Any) -> int:
@@ -138,12 +162,14 @@ def nbytes_of(obj: Any) -> int:
 class Pins:
     """Per-call set of pinned buffers; use as a context manager around the library call."""
 
-    __slots__ = ("_views", "_keep", "device_ok")
+    __slots__ = ("_views", "_keep", "device_ok", "device_ranges")
 
-    def __init__(self, device_ok: bool = False):
+    def __init__(self, device_ok: bool = False, device_ranges: Tuple[Tuple[int, int], ...] = ()):
         self._views: List[_PyBuffer] = []
         self._keep: List[Any] = []
         self.device_ok = device_ok
+        # (iova, size) ranges registered with register_dmabuf: device GET destinations
+        self.device_ranges = device_ranges
 
     def __enter__(self) -> "Pins":
         return self
@@ -189,8 +215,16 @@ class Pins:
 
     def write(self, obj: Any, what: str = "buffer") -> Tuple[int, int]:
         """(address, length) of memory the library will write."""
+        if type(obj) is tuple:  # (device pointer, size): only inside a registered DMA-BUF
+            addr, n = _raw_pair(obj, what)
+            if not _in_ranges(self.device_ranges, addr, n):
+                raise DfkvError(
+                    f"{what}: the raw region (0x{addr:x}, {n}) is not inside a range registered "
+                    "with register_dmabuf; raw (ptr, size) destinations name device memory (wrap "
+                    "host memory in RawBuffer)")
+            return addr, n
         if hasattr(obj, "data_ptr"):
-            return _tensor_region(obj, self.device_ok)
+            return _tensor_region(obj, self.device_ok, self.device_ranges)
         if isinstance(obj, (bytes, str)):
             raise DfkvError(f"{what} must be writable (bytearray, memoryview, numpy array, ...), "
                             f"not {type(obj).__name__}")

@@ -331,6 +331,9 @@ class Client:
         self._started = _counter()
         self._ended = _counter()
         self._registered: Dict[Tuple[int, int], List[Pins]] = {}  # (address, size) -> pins
+        # (iova, size) registered with register_dmabuf: replaced, never mutated, so the per-call
+        # path reads it without a lock
+        self._dmabufs: Tuple[Tuple[int, int], ...] = ()
         self._getbuf = threading.local()  # get(key)'s read buffer per thread (_GET_BUF_MIN)
         self._namespace = _namespace_bytes(namespace)
         opts, keep = build_options(
@@ -435,10 +438,10 @@ class Client:
                 self._cv.notify_all()
 
     def _pins(self) -> Pins:
-        # Device (GPU) pointers are never handed to the library: its RDMA path stages
-        # unregistered memory through host copies, and GPU-direct registration does not exist
-        # yet (docs/RDMA.md).
-        return Pins(False)
+        # Device (GPU) memory reaches the library only as a GET destination inside a range
+        # registered with register_dmabuf (written by RDMA alone); anything else on a device
+        # is refused: the library's other paths read and write with the CPU.
+        return Pins(False, self._dmabufs)
 
     # -- single-key operations ------------------------------------------------------------
 
@@ -931,6 +934,58 @@ class Client:
                 q.release()
         return ok
 
+    def register_dmabuf(self, fd: int, offset: int, size: int, iova: int) -> None:
+        """Register bytes ``[offset, offset+size)`` of the DMA-BUF ``fd`` as device memory on
+        every RDMA device the client uses. ``iova`` is the address that memory is named by in
+        GET calls (for CUDA: the device pointer of its first byte).
+
+        Afterwards GET destinations inside ``[iova, iova+size)`` (a CUDA tensor, a
+        ``RawBuffer(ptr, n, device=True)`` or a ``(ptr, n)`` pair, through ``get_into``,
+        ``get_auto`` with a buffer, ``batch_get_into``, ``batch_get_auto`` and
+        ``batch_get_auto_sg``) are served only by RDMA WRITEs straight into the device memory:
+        never over TCP, never through a host staging copy. A GET that cannot be served so
+        fails (``last_error()``; ``DirectUnsupported`` for the raising forms).
+
+        The fd may be closed after the call. The memory must stay allocated until
+        ``unregister_dmabuf`` or ``close``. Raises ``InvalidRequest`` (bad fd, size 0, iova 0,
+        overflow), ``DirectUnsupported`` (no RDMA, or the NIC refused the DMA-BUF), or another
+        ``dfkv.Error``.
+        """
+        if not _is_int(fd) or not -(1 << 31) <= fd < (1 << 31):
+            raise DfkvError(f"register_dmabuf: fd must be an int (a file descriptor), got {fd!r}")
+        offset, size, iova = (_check_len(n, v) for n, v in (("offset", offset), ("size", size), ("iova", iova)))
+        h = self._acquire()
+        try:
+            if self._lib.dfkv_register_dmabuf(h, int(fd), offset, size, iova) != 0:
+                raise self._error(h, self._lib.dfkv_last_status(h), "register_dmabuf")
+            with self._lock:
+                if (iova, size) not in self._dmabufs:
+                    self._dmabufs = self._dmabufs + ((iova, size),)
+        finally:
+            self._release()
+
+    def unregister_dmabuf(self, iova: int, size: int) -> None:
+        """Undo ``register_dmabuf`` for exactly ``[iova, iova+size)``: GETs into it are
+        refused at once, those in flight are waited for (at most twice the I/O timeout, else
+        ``Busy`` and it stays registered), then it is deregistered on every device; afterwards
+        no remote write can reach the memory and it may be freed. ``InvalidRequest`` for a
+        range that is not registered (a second unregister included)."""
+        iova, size = _check_len("iova", iova), _check_len("size", size)
+        h = self._acquire()
+        try:
+            with self._lock:  # refuse new GETs into it here first, as the library does
+                before = self._dmabufs
+                self._dmabufs = tuple(r for r in before if r != (iova, size))
+            if self._lib.dfkv_unregister_dmabuf(h, iova, size) != 0:
+                status = self._lib.dfkv_last_status(h)
+                if status == _abi.STATUS_BUSY and (iova, size) in before:
+                    with self._lock:  # still registered in the library
+                        if (iova, size) not in self._dmabufs:
+                            self._dmabufs = self._dmabufs + ((iova, size),)
+                raise self._error(h, status, "unregister_dmabuf")
+        finally:
+            self._release()
+
     def last_error(self) -> str:
         """Why this thread's most recent failed call on this client failed (a miss included),
         "" if none or once closed (``dfkv_last_error``)."""
@@ -938,6 +993,24 @@ class Client:
         if h is None:
             return ""
         return (self._lib.dfkv_last_error(h) or b"").decode("utf-8", "replace")
+
+    def last_status(self) -> int:
+        """The ``DFKV_STATUS_*`` code of the failure ``last_error()`` describes (this thread's
+        most recent failed call on this client; ``STATUS_OK`` if none or once closed): what the
+        engine-style calls (False / None on failure) are branched on, e.g.
+        ``STATUS_DIRECT_UNSUPPORTED`` for a GET into device memory that RDMA cannot serve."""
+        h = self._h
+        if h is None:
+            return STATUS_OK
+        return int(self._lib.dfkv_last_status(h))
+
+    def last_exception(self) -> Optional[Error]:
+        """The ``dfkv.Error`` (subclass by status: ``DirectUnsupported``, ``Unavailable``,
+        ...) for this thread's most recent failed call on this client, None if none."""
+        status = self.last_status()
+        if status == STATUS_OK:
+            return None
+        return error_for_status(status, self.last_error())
 
     @property
     def transport_mode(self) -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "Busy",
     "CacheFull",
     "DfkvError",
+    "DirectUnsupported",
     "Error",
     "Forbidden",
     "InvalidRequest",
@@ -132,6 +133,15 @@ class ProtocolError(Error):
     status = _abi.STATUS_PROTOCOL
 
 
+class DirectUnsupported(Error):
+    """A GET into registered device memory (``Client.register_dmabuf``) that cannot be served
+    by RDMA straight into it: no RDMA to the key's owner, a server without the device-target
+    capability, or a DMA-BUF registration the NIC refused. The library never falls back to
+    TCP or a host staging copy for such a destination; the caller decides (e.g. recompute)."""
+
+    status = _abi.STATUS_DIRECT_UNSUPPORTED
+
+
 _BY_STATUS: Dict[int, Type[Error]] = {
     _abi.STATUS_UNAVAILABLE: Unavailable,
     _abi.STATUS_TIMEOUT: Timeout,
@@ -145,6 +155,7 @@ _BY_STATUS: Dict[int, Type[Error]] = {
     _abi.STATUS_INVALID: InvalidRequest,
     _abi.STATUS_PROTOCOL: ProtocolError,
     _abi.STATUS_CLOSED: DfkvError,
+    _abi.STATUS_DIRECT_UNSUPPORTED: DirectUnsupported,
 }
 
 

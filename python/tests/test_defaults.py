@@ -63,7 +63,7 @@ def test_with_closes_on_exception(members, namespace):
 def test_exception_hierarchy():
     for cls in (dfkv.Unavailable, dfkv.Timeout, dfkv.Forbidden, dfkv.TooLarge, dfkv.BufferTooSmall,
                 dfkv.CacheFull, dfkv.QuotaExceeded, dfkv.Busy, dfkv.ServerIOError, dfkv.ProtocolError,
-                dfkv.InvalidRequest, dfkv.DfkvError):
+                dfkv.InvalidRequest, dfkv.DfkvError, dfkv.DirectUnsupported):
         assert issubclass(cls, dfkv.Error), cls
         assert cls.__doc__
     assert issubclass(dfkv.Timeout, dfkv.Unavailable)
@@ -75,7 +75,8 @@ def test_exception_hierarchy():
                       ("BUFFER_TOO_SMALL", dfkv.BufferTooSmall), ("CACHE_FULL", dfkv.CacheFull),
                       ("QUOTA_EXCEEDED", dfkv.QuotaExceeded), ("BUSY", dfkv.Busy),
                       ("IO_ERROR", dfkv.ServerIOError), ("INVALID", dfkv.InvalidRequest),
-                      ("PROTOCOL", dfkv.ProtocolError), ("CLOSED", dfkv.DfkvError)]:
+                      ("PROTOCOL", dfkv.ProtocolError), ("CLOSED", dfkv.DfkvError),
+                      ("DIRECT_UNSUPPORTED", dfkv.DirectUnsupported)]:
         e = errors.error_for_status(getattr(_abi, "STATUS_" + name), "why")
         assert type(e) is cls and e.status == getattr(_abi, "STATUS_" + name) and str(e) == "why"
     for code in (_abi.STATUS_INTERNAL, 999):

@@ -155,6 +155,10 @@ uint64_t dfkv_max_value_size(dfkv_client_t c);
 #define DFKV_STATUS_PROTOCOL 12        /* an answer that breaks the protocol */
 #define DFKV_STATUS_CLOSED 13          /* NULL, closed or unknown handle */
 #define DFKV_STATUS_INTERNAL 14        /* anything else */
+#define DFKV_STATUS_DIRECT_UNSUPPORTED 15 /* a GET into registered device memory (DMA-BUF) that
+                                           * cannot be served by RDMA into it: no RDMA to the
+                                           * owner, a server without device targets, or the NIC
+                                           * refused the registration. Never retried over TCP. */
 /* The DFKV_STATUS_* of the failure dfkv_last_error(c) describes (same thread, same handle,
  * same lifetime): what a caller branches on. DFKV_STATUS_OK when none is recorded. */
 int dfkv_last_status(dfkv_client_t c);
@@ -187,6 +191,33 @@ typedef struct dfkv_block_tag {
  * without --kv-events attaches none), or -1 (bad arguments, closed client, a node that
  * failed or is older than tags: see dfkv_last_error). */
 int dfkv_tag(dfkv_client_t c, const dfkv_block_tag* tags, int n);
+
+/* GPU-direct loads (docs/CONNECTORS.md "Direct GPU loads"; an addition: ABI v2 unchanged).
+ * Registers bytes [offset, offset+size) of the DMA-BUF fd as device memory on every RDMA
+ * device the client uses (now and on devices opened later). iova is the address the caller
+ * names that memory by (for CUDA: the device pointer of its first byte). The fd may be closed
+ * after the call; the memory must stay allocated until dfkv_unregister_dmabuf of that range
+ * or dfkv_close. 0, or -1 with dfkv_last_error / dfkv_last_status set: DFKV_STATUS_INVALID
+ * (bad fd, size 0, iova 0, overflow), DFKV_STATUS_DIRECT_UNSUPPORTED (no RDMA, or the NIC
+ * refused the DMA-BUF).
+ *
+ * After it returns 0, the buf / bufs / seg_ptrs of every GET call (dfkv_get, dfkv_get_auto,
+ * the batch forms and dfkv_batch_get_auto_sg) may be device pointers inside
+ * [iova, iova+size): such a destination is written only by the owner's RDMA WRITEs straight
+ * into the device memory, never by the CPU, never over TCP and never through a host staging
+ * buffer. When that is not possible (no RDMA to the owner, a server without the device-target
+ * capability, a registration the NIC refused) the GET (or batch item) fails with
+ * DFKV_STATUS_DIRECT_UNSUPPORTED; there is no fallback. A client that has called
+ * dfkv_register_dmabuf serves every GET through the library's general path (the C GET fast
+ * path, which reads into buffers with the CPU, is turned off for it). PUT sources must stay
+ * host memory. */
+int dfkv_register_dmabuf(dfkv_client_t c, int fd, uint64_t offset, uint64_t size, uint64_t iova);
+/* Undoes dfkv_register_dmabuf for exactly [iova, iova+size): new GETs into it fail at once,
+ * queued and in-flight ones are waited for (at most twice the I/O timeout, else -1 with
+ * DFKV_STATUS_BUSY and it stays registered), then it is deregistered on every device. 0,
+ * after which no remote write can reach the memory and it may be freed; -1 with
+ * DFKV_STATUS_INVALID for a range that is not registered (a second unregister included). */
+int dfkv_unregister_dmabuf(dfkv_client_t c, uint64_t iova, uint64_t size);
 
 #ifdef __cplusplus
 }

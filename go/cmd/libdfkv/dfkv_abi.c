@@ -216,6 +216,12 @@ int dfkv_register_memory(dfkv_client_t c, void* base, uint64_t size) {
 int dfkv_unregister_memory(dfkv_client_t c, void* base, uint64_t size) {
   return dfkvgo_unregister_memory(H(c), base, size);
 }
+int dfkv_register_dmabuf(dfkv_client_t c, int fd, uint64_t offset, uint64_t size, uint64_t iova) {
+  return dfkvgo_register_dmabuf(H(c), fd, offset, size, iova);
+}
+int dfkv_unregister_dmabuf(dfkv_client_t c, uint64_t iova, uint64_t size) {
+  return dfkvgo_unregister_dmabuf(H(c), iova, size);
+}
 const char* dfkv_transport_mode(dfkv_client_t c) { return dfkvgo_transport_mode(H(c)); }
 uint64_t dfkv_stats_snapshot(dfkv_client_t c, char* buf, uint64_t cap) {
   return dfkvgo_stats_snapshot(H(c), buf, cap);

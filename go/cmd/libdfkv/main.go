@@ -463,6 +463,26 @@ func dfkvgo_unregister_memory(c C.uintptr_t, base unsafe.Pointer, size C.uint64_
 	})
 }
 
+//export dfkvgo_register_dmabuf
+func dfkvgo_register_dmabuf(c C.uintptr_t, fd C.int, offset, size, iova C.uint64_t) C.int {
+	return call(c, -1, func(h *cabi.Handle) (C.int, error) {
+		// A client with device memory registered never serves a GET in C: fastget.c reads
+		// into the destination with the CPU, and a device destination must only ever be
+		// written by RDMA. Off before the range exists, so no fast GET can target it.
+		fastClose(uint64(c))
+		rc, err := h.RegisterDMABuf(int(fd), uint64(offset), uint64(size), uint64(iova))
+		return C.int(rc), err
+	})
+}
+
+//export dfkvgo_unregister_dmabuf
+func dfkvgo_unregister_dmabuf(c C.uintptr_t, iova, size C.uint64_t) C.int {
+	return call(c, -1, func(h *cabi.Handle) (C.int, error) {
+		rc, err := h.UnregisterDMABuf(uint64(iova), uint64(size))
+		return C.int(rc), err
+	})
+}
+
 // Static C strings for dfkv_transport_mode and dfkv_version: allocated once, never freed,
 // so the pointers stay valid for the life of the process.
 var (

@@ -439,6 +439,27 @@ func (h *Handle) UnregisterMemory(base unsafe.Pointer, size uint64) (int, error)
 	return 0, nil
 }
 
+// RegisterDMABuf registers bytes [offset, offset+size) of a DMA-BUF fd as device memory
+// named by iova (client.RegisterDMABuf): GET destinations inside [iova, iova+size) are then
+// served only by RDMA into it (client.ErrDirectUnsupported otherwise).
+func (h *Handle) RegisterDMABuf(fd int, offset, size, iova uint64) (int, error) {
+	if fd < 0 || size == 0 || iova == 0 || iova+size < iova || offset+size < offset {
+		return -1, fmt.Errorf("dfkv: register_dmabuf: fd %d, offset %d, %d bytes at %#x: %w", fd, offset, size, iova, client.ErrInvalid)
+	}
+	if err := h.c.RegisterDMABuf(fd, offset, size, iova); err != nil {
+		return -1, err
+	}
+	return 0, nil
+}
+
+// UnregisterDMABuf undoes RegisterDMABuf for exactly [iova, iova+size) (client.UnregisterDMABuf).
+func (h *Handle) UnregisterDMABuf(iova, size uint64) (int, error) {
+	if err := h.c.UnregisterDMABuf(iova, size); err != nil {
+		return -1, err
+	}
+	return 0, nil
+}
+
 // TransportMode names the data transport.
 func (h *Handle) TransportMode() string { return h.c.TransportMode() }
 

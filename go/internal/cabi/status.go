@@ -26,6 +26,9 @@ const (
 	StatusProtocol       = 12 // an answer that breaks the protocol
 	StatusClosed         = 13 // NULL, closed or unknown handle
 	StatusInternal       = 14 // anything else (a recovered panic included)
+	// StatusDirectUnsupported: a GET into registered device memory (DMA-BUF) that cannot be
+	// served by RDMA into it (client.ErrDirectUnsupported); never retried over TCP.
+	StatusDirectUnsupported = 15
 )
 
 // statusOf is checked in order: the first sentinel the error wraps wins. TooLarge comes
@@ -36,6 +39,7 @@ var statusOf = []struct {
 	status int
 }{
 	{client.ErrNotFound, StatusNotFound},
+	{client.ErrDirectUnsupported, StatusDirectUnsupported},
 	{client.ErrForbidden, StatusForbidden},
 	{client.ErrTooLarge, StatusTooLarge},
 	{client.ErrBufferTooSmall, StatusBufferTooSmall},

@@ -37,6 +37,9 @@ func TestStatus(t *testing.T) {
 		{"array lengths", errArgs, StatusInvalid},
 		{"closed", wrap(client.ErrClosed), StatusClosed},
 		{"protocol", wrap(client.ErrProtocol), StatusProtocol},
+		{"direct unsupported", wrap(client.ErrDirectUnsupported), StatusDirectUnsupported},
+		// a device GET that cannot go direct says so, whatever transport cause it also wraps
+		{"direct unsupported over unavailable", errors.Join(client.ErrUnavailable, client.ErrDirectUnsupported), StatusDirectUnsupported},
 		// a server's answer beats the transport cause wrapped beside it
 		{"forbidden over unavailable", errors.Join(client.ErrUnavailable, client.ErrForbidden), StatusForbidden},
 		{"other", errors.New("something else"), StatusInternal},

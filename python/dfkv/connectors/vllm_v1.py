@@ -45,17 +45,31 @@ hash that covers exactly the block's prefix. Under decode context parallelism ea
 its share of a block's tokens in its physical block: its object carries its DCP rank (MLA: one
 object per DCP shard, written by TP rank = DCP rank), and a hit needs every rank's object.
 Prefill context parallelism (PCP > 1) is refused with a warning (no hits, no saves).
+
+**Direct GPU loads** (``kv_connector_extra_config: {"direct_gpu": true}``, docs/CONNECTORS.md):
+loads skip the host buffer. At ``register_kv_caches`` every KV cache tensor's memory is
+exported as a DMA-BUF (``dmabuf_exporter``, default ``dfkv._cuda.export_dmabuf``) and
+registered with the client (``register_dmabuf``, the device pointer as iova); a load then
+resolves each block's device addresses for every layer and issues one scatter-gather GET per
+object into them, which the owner's server serves by RDMA WRITEs straight into the KV cache.
+The object bytes are the same as the host-staging path stores and reads. A load that fails
+(a vanished object, no RDMA, a refused registration) is a hard load failure: its blocks are
+reported through ``get_block_ids_with_load_errors`` (vLLM then fails the request, or
+recomputes it under ``kv_load_failure_policy="recompute"``); there is no host-staging retry.
+Saves still go through the host buffer. Layouts it cannot serve (several KV cache groups:
+HMA/Mamba; a block that is not a few contiguous runs) refuse at start, naming the layout.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -87,6 +101,60 @@ logger = logging.getLogger("dfkv.connectors.vllm")
 
 LAYOUT_ID = "vllm-v1/raw-v1"
 _NULL_BLOCK = 0  # vLLM's block pool reserves block 0 as the null block
+_DMABUF_ALIGN = 4096  # cuMemGetHandleForAddressRange wants page-aligned ranges
+
+# (storage base address, size, a tensor on it) -> (DMA-BUF fd the connector then owns, offset
+# of the base address in it)
+DmabufExporter = Callable[[int, int, torch.Tensor], Tuple[int, int]]
+
+
+def export_cuda_dmabuf(ptr: int, size: int, tensor: torch.Tensor) -> Tuple[int, int]:
+    """The default ``dmabuf_exporter``: a DMA-BUF fd for the CUDA memory [ptr, ptr+size)
+    (exported page-aligned around it through ``dfkv._cuda``, the CUDA driver loaded at run
+    time) and ptr's offset in it. Any other device is refused: inject an exporter for it."""
+    dev = getattr(tensor, "device", None)
+    if getattr(dev, "type", None) != "cuda":
+        raise ValueError(
+            f"dfkv vLLM connector: direct_gpu: the KV cache lives on {dev}, not on a CUDA device; "
+            "direct loads need device memory that can be exported as a DMA-BUF")
+    try:
+        from .. import _cuda
+    except ImportError as e:
+        raise RuntimeError(f"dfkv vLLM connector: direct_gpu: dfkv._cuda is not available: {e}") from e
+    lo = ptr - ptr % _DMABUF_ALIGN
+    hi = -(-(ptr + size) // _DMABUF_ALIGN) * _DMABUF_ALIGN
+    try:
+        fd = _cuda.export_dmabuf(lo, hi - lo)
+    except Exception as e:
+        raise RuntimeError(
+            f"dfkv vLLM connector: direct_gpu: cannot export the KV cache memory ({hi - lo} bytes at "
+            f"0x{lo:x}) as a DMA-BUF: {type(e).__name__}: {e} (consumer GPUs refuse it: CUDA error 801)") from e
+    return int(fd), ptr - lo
+
+
+def _block_runs(t: torch.Tensor, bdim: int) -> List[Tuple[int, int]]:
+    """(byte offset from the block's first element, bytes) of the contiguous memory runs that
+    make up one block of t along bdim, in the logical (row-major) order the staging path
+    copies them in (index_select(bdim).movedim(bdim, 0).reshape), adjacent runs merged."""
+    es = t.element_size()
+    shape = [n for d, n in enumerate(t.shape) if d != bdim]
+    strides = [st for d, st in enumerate(t.stride()) if d != bdim]
+    run, k = 1, len(shape)
+    while k > 0 and (shape[k - 1] == 1 or strides[k - 1] == run):
+        run *= shape[k - 1]
+        k -= 1
+    offs = [0]
+    for n, st in zip(shape[:k], strides[:k]):
+        offs = [o + i * st for o in offs for i in range(n)]
+        if len(offs) > 1 << 16:
+            break  # hopeless: refused by the segment limit
+    out: List[Tuple[int, int]] = []
+    for o in offs:
+        if out and out[-1][0] + out[-1][1] == o * es:
+            out[-1] = (out[-1][0], out[-1][1] + run * es)
+        else:
+            out.append((o * es, run * es))
+    return out
 
 
 @dataclass
@@ -115,12 +183,15 @@ class DfkvWorkerMetadata(KVConnectorWorkerMetadata):
     (the minimum over ranks after aggregation)."""
 
     loaded: Dict[str, int] = field(default_factory=dict)
+    # direct loads: requests whose load had block errors on some rank (their next lookup
+    # answers 0, so a retry recomputes instead of failing the same load again)
+    failed: Set[str] = field(default_factory=set)
 
     def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
         out = dict(self.loaded)
         for rid, n in getattr(other, "loaded", {}).items():
             out[rid] = min(n, out.get(rid, n))
-        return DfkvWorkerMetadata(loaded=out)
+        return DfkvWorkerMetadata(loaded=out, failed=set(self.failed) | set(getattr(other, "failed", ()) or ()))
 
 
 @dataclass
@@ -153,6 +224,19 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         kv_role = str(getattr(ktc, "kv_role", None) or "kv_both")
         self.can_load = kv_role != "kv_producer"
         self.can_save = kv_role != "kv_consumer"
+        direct = extra.get("direct_gpu")
+        self.direct = bool(_as_bool(direct)) if direct is not None else False
+        # Segments (RDMA targets) one direct GET may name: the servers' --rdma-max-targets
+        # (default 128); the library's max_sg_segs caps it too.
+        self.direct_max_segments = int(extra.get("direct_max_segments", 128))
+        # The DMA-BUF seam (tests inject one for memfd-backed CPU stand-ins): see DmabufExporter.
+        self.dmabuf_exporter: DmabufExporter = export_cuda_dmabuf
+        # Per-stage figures (stats()): staged_* for the host-staging path, direct_* for direct
+        # loads (resolve = block addresses, io = the GETs issued and waited for).
+        self._stats: Dict[str, float] = {k: 0 for k in (
+            "staged_loads", "staged_load_objects", "staged_load_bytes",
+            "direct_loads", "direct_load_objects", "direct_load_bytes", "direct_load_failures",
+            "direct_failed_blocks", "direct_resolve_s", "direct_io_s", "direct_registrations")}
 
         mc = getattr(vllm_config, "model_config", None)
         pc = getattr(vllm_config, "parallel_config", None)
@@ -198,6 +282,10 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             # what the engine core resolved and handed every process, when present
             self.hash_tokens = int(getattr(kv_cache_config, "hash_block_size", None) or self.hash_tokens)
         self.enabled = bool(groups)
+        if self.direct:
+            self._check_direct_groups()
+            # direct loads exist only over RDMA (the library's DFKV_RDMA, set before it opens)
+            self.cfg.lib_env.setdefault("DFKV_RDMA", os.environ.get("DFKV_RDMA") or "1")
         if self.enabled and self.pcp_size > 1:
             # vLLM 0.33's scheduler runs with pcp_world_size=1 and its DCP group spans the
             # PCP axis then; which rank holds which tokens is not derivable here.
@@ -266,7 +354,43 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self._load_jobs: Dict[str, Future] = {}
         self._loaded: Dict[str, int] = {}
         self._mu = threading.Lock()
+        # direct loads: per group, per layer (block 0 address, block stride, runs of a block)
+        self._direct_layers: List[List[Tuple[int, int, List[Tuple[int, int]]]]] = []
+        self._dmabufs: Dict[int, Tuple[int, int, int]] = {}  # iova -> (size, fd, offset)
+        self._dmabuf_client: Optional[int] = None  # id() of the client they are registered with
+        self._dmabuf_error: Optional[str] = None   # why they are not (loads then fail)
+        self._load_errors: Set[int] = set()        # failed block ids not yet reported
+        self._job_blocks: Dict[str, Set[int]] = {}  # direct job -> its block ids (all fail if it raises)
+        self._failed_reqs: Set[str] = set()  # worker: direct loads with errors, not yet reported
+        self._no_load: Set[str] = set()      # scheduler: requests not to load again
         self.tp_rank, self.pp_rank, self.dcp_rank = self._ranks(extra)
+
+    def _check_direct_groups(self) -> None:
+        """direct_gpu serves one attention KV cache group: vLLM maps reported block ids back to
+        requests only then (several groups raise in its scheduler), and recurrent state
+        (Mamba) is not paged attention KV."""
+        kinds = [type(getattr(spec, "first_spec", spec)).__name__ for _, spec in self.groups]
+        if len(self.groups) > 1:
+            raise ValueError(
+                f"dfkv vLLM connector: direct_gpu does not serve hybrid KV cache layouts (HMA): "
+                f"{len(self.groups)} KV cache groups ({', '.join(kinds)}); vLLM accepts block-level "
+                "load errors for one group only. Use the host-staging path (direct_gpu: false)")
+        for kind in kinds:
+            if "mamba" in kind.lower() or "attention" not in kind.lower():
+                raise ValueError(
+                    f"dfkv vLLM connector: direct_gpu does not serve KV cache group spec {kind} "
+                    "(recurrent / non-attention state); use the host-staging path (direct_gpu: false)")
+
+    def stats(self) -> Dict[str, float]:
+        """A copy of the connector's per-stage figures (staged_* and direct_* counts, bytes and
+        seconds)."""
+        with self._mu:
+            return dict(self._stats)
+
+    def _count(self, **kw: float) -> None:
+        with self._mu:
+            for k, v in kw.items():
+                self._stats[k] += v
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -354,7 +478,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
     def _lookup(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         rid = request.request_id
         self._requests[rid] = request
-        if not self.enabled or not self.can_load:
+        if not self.enabled or not self.can_load or rid in self._no_load:
             return 0, False
         S = self.sched_tokens
         # keep >= 1 prompt token to compute
@@ -444,6 +568,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         vLLM promotes it: vLLM then computes the rest itself (the recompute contract that
         holds under every ``kv_load_failure_policy`` and with several KV cache groups)."""
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        self._no_load |= set(getattr(meta, "failed", None) or ())
         for rid, ok_blocks in (getattr(meta, "loaded", None) or {}).items():
             req = self._requests.get(rid)
             base = self._load_start.pop(rid, None)
@@ -521,6 +646,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self._requests.pop(rid, None)
         self._lookups.pop(rid, None)
         self._load_start.pop(rid, None)
+        self._no_load.discard(rid)
 
     # ==============================
     # Worker side
@@ -542,11 +668,89 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             obj_bytes.append(sum(lb for *_, lb in group))
         self._layers, self._obj_bytes = layers, obj_bytes
         self._check_object_size()
+        if self.direct:
+            self._setup_direct()
         self._unregister_buf("load")
         self._unregister_buf("save")
         self._load_buf = self._save_buf = None
         logger.info("dfkv vLLM connector: %d layers in %d groups, object bytes %s, tp %d/%d",
                     sum(len(g) for g in layers), len(layers), obj_bytes, self.tp_rank, self.tp_size)
+
+    def _setup_direct(self) -> None:
+        """Direct loads: resolve every layer's block geometry (refusing layouts whose block is
+        not a few contiguous runs), export each KV cache storage as a DMA-BUF once and register
+        it with the client (again with a reopened client, at load time)."""
+        c = self._client.get()
+        max_segs = min(self.direct_max_segments, c.max_sg_segs if c is not None else 256)
+        direct: List[List[Tuple[int, int, List[Tuple[int, int]]]]] = []
+        storages: Dict[int, Tuple[int, torch.Tensor]] = {}
+        for g, group in enumerate(self._layers):
+            per = []
+            for name, t, bdim, lb in group:
+                runs = _block_runs(t, bdim)
+                if sum(n for _, n in runs) != lb:
+                    raise ValueError(f"dfkv vLLM connector: direct_gpu: layer {name}: block runs of "
+                                     f"{sum(n for _, n in runs)} bytes, expected {lb}")
+                per.append((int(t.data_ptr()), int(t.stride(bdim)) * t.element_size(), runs))
+                st = t.untyped_storage()
+                storages.setdefault(int(st.data_ptr()), (int(st.nbytes()), t))
+            segs = sum(len(r) for *_, r in per)
+            if segs > max_segs:
+                shapes = [(n, tuple(t.shape), tuple(t.stride())) for n, t, _, _ in group]
+                raise ValueError(
+                    f"dfkv vLLM connector: direct_gpu: KV cache layout {shapes} needs {segs} "
+                    f"scatter-gather segments per block object (its block is not a few contiguous "
+                    f"runs, e.g. a head-major/HND layout), more than the {max_segs} one direct GET "
+                    f"may name (direct_max_segments, the servers' --rdma-max-targets, the "
+                    f"library's max_sg_segs); use the host-staging path (direct_gpu: false)")
+            direct.append(per)
+        self._release_dmabufs()
+        for iova, (size, t) in storages.items():
+            fd, off = self.dmabuf_exporter(iova, size, t)
+            self._dmabufs[iova] = (size, int(fd), int(off))
+        self._direct_layers = direct
+        if c is not None:
+            self._ensure_dmabufs(c)
+        logger.info("dfkv vLLM connector: direct_gpu: %d KV cache storage(s) exported as DMA-BUF, "
+                    "segments per object %s", len(self._dmabufs), [sum(len(r) for *_, r in p) for p in direct])
+
+    def _ensure_dmabufs(self, c: Any) -> Optional[str]:
+        """Register the exported KV cache memory with client c once; returns why it is not
+        registered (None when it is)."""
+        if self._dmabuf_client == id(c):
+            return self._dmabuf_error
+        err = None
+        for iova, (size, fd, off) in self._dmabufs.items():
+            try:
+                c.register_dmabuf(fd, off, size, iova)
+                self._count(direct_registrations=1)
+            except Exception as e:
+                err = f"register_dmabuf of {size} bytes at 0x{iova:x}: {type(e).__name__}: {e}"
+                logger.error("dfkv vLLM connector: direct_gpu: %s; every direct load fails", err)
+                break
+        self._dmabuf_client, self._dmabuf_error = id(c), err
+        return err
+
+    def _release_dmabufs(self) -> None:
+        c = self._client.peek()
+        for iova, (size, fd, _) in self._dmabufs.items():
+            if c is not None and self._dmabuf_client == id(c) and self._dmabuf_error is None:
+                try:
+                    c.unregister_dmabuf(iova, size)
+                except Exception as e:
+                    logger.warning("dfkv vLLM connector: unregister_dmabuf of 0x%x: %s", iova, e)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._dmabufs.clear()
+        self._dmabuf_client = self._dmabuf_error = None
+
+    def _block_segments(self, group: int, block_id: int) -> List[Tuple[int, int]]:
+        """(device address, bytes) of one block's object, in stored order: every layer of the
+        group, each layer's runs."""
+        return [(base + block_id * stride + off, n)
+                for base, stride, runs in self._direct_layers[group] for off, n in runs]
 
     def _check_object_size(self) -> None:
         """Refuse to start when one block object exceeds what the servers accept: every PUT
@@ -647,7 +851,37 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         if self._loader is None:
             self._loader = ThreadPoolExecutor(1, thread_name_prefix="dfkv-load")
         for x in loads:
-            self._load_jobs[x.req_id] = self._loader.submit(self._load_request, x)
+            if self.direct:
+                self._job_blocks[x.req_id] = {bid for _, _, bid, _ in self._units(x)}
+                self._load_jobs[x.req_id] = self._loader.submit(self._load_direct, x)
+            else:
+                self._load_jobs[x.req_id] = self._loader.submit(self._load_request, x)
+
+    def _load_direct(self, x: _Transfer) -> Set[int]:
+        """Load one request's blocks straight into the KV cache (RDMA into the registered
+        device memory): one scatter-gather GET per object. Returns the block ids that did not
+        arrive whole (hard load errors; nothing is retried through the host)."""
+        units = self._units(x)
+        t0 = time.perf_counter()
+        c = self._client.get()
+        why = "no dfkv client" if c is None else self._ensure_dmabufs(c)
+        if why is not None:
+            self._count(direct_loads=1, direct_load_failures=len(units), direct_failed_blocks=len(units))
+            logger.warning("dfkv direct load of %s failed (%d blocks): %s", x.req_id, len(units), why)
+            return {bid for _, _, bid, _ in units}
+        segs = [self._block_segments(g, bid) for _, g, bid, _ in units]
+        t1 = time.perf_counter()
+        res = c.batch_get_auto_sg([k for k, _, _, _ in units], segs) if units else []
+        t2 = time.perf_counter()
+        bad = {bid for (_, g, bid, _), (hit, n) in zip(units, res) if not hit or n != self._obj_bytes[g]}
+        got = sum(self._obj_bytes[g] for (_, g, _, _), (hit, n) in zip(units, res) if hit and n == self._obj_bytes[g])
+        self._count(direct_loads=1, direct_load_objects=len(units) - len(bad), direct_load_bytes=got,
+                    direct_load_failures=len(bad), direct_failed_blocks=len(bad),
+                    direct_resolve_s=t1 - t0, direct_io_s=t2 - t1)
+        if bad:
+            logger.warning("dfkv direct load of %s: %d of %d blocks failed (%s)", x.req_id, len(bad),
+                           len(units), c.last_error())
+        return bad
 
     def _load_request(self, x: _Transfer) -> int:
         """Load one request's blocks; returns how many leading blocks arrived whole."""
@@ -657,6 +891,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             return 0
         ok = [True] * x.n_units
         buf = self._host_buf("load")
+        self._count(staged_loads=1)
         for s in range(0, len(units), self.staging_blocks):
             chunk = units[s:s + self.staging_blocks]
             bufs = [buf[i, : self._obj_bytes[g]] for i, (_, g, _, _) in enumerate(chunk)]
@@ -669,6 +904,8 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             for (_, _, _, u), hit in zip(chunk, hits):
                 if not hit:
                     ok[u - x.first] = False
+            self._count(staged_load_objects=sum(1 for h in hits if h),
+                        staged_load_bytes=sum(self._obj_bytes[g] for (_, g, _, _), h in zip(chunk, hits) if h))
         if torch.cuda.is_available() and any(t.is_cuda for g in self._layers for _, t, _, _ in g):
             # The scatter kernels run on this thread's stream: the request is reported done
             # (and its blocks read by a forward) only once they finished.
@@ -733,6 +970,20 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         for rid, fut in list(self._load_jobs.items()):
             if fut.done():
                 del self._load_jobs[rid]
+                if self.direct:
+                    # hard failures: the blocks go to get_block_ids_with_load_errors, reported
+                    # no later than the step that reports the request finished
+                    try:
+                        bad = fut.result()
+                    except Exception as e:
+                        logger.warning("dfkv direct load of %s failed: %s", rid, e)
+                        bad = self._job_blocks.get(rid, set())
+                    self._job_blocks.pop(rid, None)
+                    self._load_errors |= bad
+                    if bad:
+                        self._failed_reqs.add(rid)
+                    done.add(rid)
+                    continue
                 try:
                     self._loaded[rid] = fut.result()
                 except Exception as e:  # never raise into the model runner: recompute it
@@ -742,13 +993,17 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         return None, (done or None)
 
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
-        if not self._loaded:
+        if not self._loaded and not self._failed_reqs:
             return None
-        meta, self._loaded = DfkvWorkerMetadata(loaded=self._loaded), {}
+        meta = DfkvWorkerMetadata(loaded=self._loaded, failed=self._failed_reqs)
+        self._loaded, self._failed_reqs = {}, set()
         return meta
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
-        return set()  # short loads are reported through build_connector_worker_meta
+        # host staging: short loads are reported through build_connector_worker_meta; direct
+        # loads: the blocks of finished jobs that did not arrive (hard failures)
+        out, self._load_errors = self._load_errors, set()
+        return out
 
     def shutdown(self) -> None:
         for pool in (self._loader, self._lookup_pool):
@@ -756,4 +1011,5 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                 pool.shutdown(wait=True, cancel_futures=True)
         self._unregister_buf("load")
         self._unregister_buf("save")
+        self._release_dmabufs()
         self._client.close()

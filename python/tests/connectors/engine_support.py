@@ -436,7 +436,7 @@ class VllmEngine:
     def __init__(self, members: str, tenant: str, groups: int = 1, policy: Optional[str] = None,
                  prefix_match_unit: Optional[int] = None, kv_role: str = "kv_both",
                  block_sizes: Optional[list] = None, dcp: int = 1, tp: int = 1, pcp: int = 1,
-                 **extra: Any):
+                 layout: str = "split", make_caches: Optional[Any] = None, **extra: Any):
         import torch
         from vllm.config import DeviceConfig, KVTransferConfig, VllmConfig
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -488,8 +488,17 @@ class VllmEngine:
         self.layer_group = {n: g for g, grp in enumerate(self.kvc.kv_cache_groups) for n in grp.layer_names}
         # a group's paged block spans block_size x dcp tokens (each rank holds its share)
         self.group_tokens = [sp.block_size * dcp for sp in specs]
-        self.rank_caches = [{n: torch.zeros(2, VLLM_NUM_BLOCKS, sizes[g], VLLM_HEADS, VLLM_HEAD, dtype=torch.bfloat16)
-                             for n, g in self.layer_group.items()} for _ in self.workers]
+        # layout "split": FlashAttention's (2, num_blocks, block, heads, head) (K/V first);
+        # "contiguous": (num_blocks, 2, block, heads, head), a block's K and V adjacent.
+        # make_caches(rank, worker, shapes) -> {layer: tensor} builds them otherwise (the
+        # direct-load tests: memfd-backed views standing in for device memory).
+        assert layout in ("split", "contiguous"), layout
+        self.layout = layout
+        shapes = {n: ((2, VLLM_NUM_BLOCKS) if layout == "split" else (VLLM_NUM_BLOCKS, 2))
+                  + (sizes[g], VLLM_HEADS, VLLM_HEAD) for n, g in self.layer_group.items()}
+        self.rank_caches = [make_caches(r, w, shapes) if make_caches is not None else
+                            {n: torch.zeros(sh, dtype=torch.bfloat16) for n, sh in shapes.items()}
+                            for r, w in enumerate(self.workers)]
         self.caches = self.rank_caches[0]
         for w, c in zip(self.workers, self.rank_caches):
             w.register_kv_caches(c)
@@ -562,10 +571,15 @@ class VllmEngine:
                     if hi_idx < len(hashes) and i < len(ids[g]):
                         yield r, li, t, ids[g][i], bytes(hashes[hi_idx])
 
+    def block(self, t: Any, bid: int) -> Any:
+        """Block bid of a layer's KV tensor as (2, block, heads, head), in either layout."""
+        return t[:, bid] if self.layout == "split" else t[bid]
+
     def _forward(self, req: Any, lo: int, hi: int) -> None:
         """Write the pattern of every block (on every rank) whose tokens [lo, hi) complete."""
         for r, li, t, bid, h in self._blocks(req, lo, hi):
-            t[:, bid] = block_pattern(h, li, t[:, bid].shape, self.shard(r))
+            b = self.block(t, bid)
+            b[...] = block_pattern(h, li, b.shape, self.shard(r))
 
     def settle(self) -> None:
         """Wait (bounded) for the connector's in-flight lookups and loads: the events the
@@ -592,7 +606,8 @@ class VllmEngine:
         n = 0
         for r, li, t, bid, h in self._blocks(req, u * self.sched_bs, (u + 1) * self.sched_bs):
             n += 1
-            if not torch_equal(t[:, bid], block_pattern(h, li, t[:, bid].shape, self.shard(r))):
+            b = self.block(t, bid)
+            if not torch_equal(b, block_pattern(h, li, b.shape, self.shard(r))):
                 return False
         return n > 0
 

@@ -1,10 +1,13 @@
 /* Exercises every dfkv.h function against a running dfkv_server (address in DFKV_TEST_ADDR),
  * including the error paths. Prints one line per failed check and a final
  * "N passed, M failed" line; exits nonzero on any failure. */
+#define _GNU_SOURCE /* memfd_create */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "dfkv.h"
 
@@ -74,6 +77,80 @@ static double stat_value(dfkv_client_t c, const char* name) {
  * provider DFKV_RDMA_PROVIDER names (the soft NIC in tests): 1 B - 64 MiB byte-exact through
  * scalar, batch and scatter-gather calls, from malloc'd memory (transient MRs) and from a
  * registered pool (pool MRs). DFKV_RDMA_MAX_BLOCK decides what goes over RDMA. */
+/* DMA-BUF registration (GPU-direct loads). The stand-in for a device allocation is a memfd
+ * this program maps itself (the soft RDMA provider maps the fd separately): over RDMA a GET
+ * into the range lands in the mapping, written by the NIC; without RDMA registration or the
+ * GET fails with DFKV_STATUS_DIRECT_UNSUPPORTED and the mapping stays untouched. */
+static void dmabuf_checks(dfkv_client_t c, int rdma) {
+  enum { DN = 1 << 16 };
+  CHECK(dfkv_register_dmabuf(c, -1, 0, DN, 0x10000) == -1 && dfkv_last_status(c) == DFKV_STATUS_INVALID,
+        "register_dmabuf of fd -1: status %d", dfkv_last_status(c));
+  CHECK(dfkv_register_dmabuf(c, 0, 0, 0, 0x10000) == -1 && dfkv_last_status(c) == DFKV_STATUS_INVALID,
+        "register_dmabuf of 0 bytes: status %d", dfkv_last_status(c));
+  CHECK(dfkv_unregister_dmabuf(c, 0x10000, DN) == -1 && dfkv_last_status(c) == DFKV_STATUS_INVALID,
+        "unregister_dmabuf of an unknown range: status %d", dfkv_last_status(c));
+  int fd = memfd_create("dfkv-abi-dmabuf", MFD_CLOEXEC);
+  CHECK(fd >= 0 && ftruncate(fd, DN) == 0, "memfd");
+  if (fd < 0) return;
+  unsigned char* dev = mmap(NULL, DN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  CHECK(dev != MAP_FAILED, "mmap memfd");
+  if (dev == MAP_FAILED) {
+    close(fd);
+    return;
+  }
+  const char dk[] = "dmabuf-key";
+  unsigned char val[3000];
+  fill(val, sizeof val, 77);
+  CHECK(dfkv_put(c, dk, sizeof dk - 1, val, sizeof val) == 0, "dmabuf value put: %s", dfkv_last_error(c));
+  uint64_t iova = (uint64_t)(uintptr_t)dev;
+  int rc = dfkv_register_dmabuf(c, fd, 0, DN, iova);
+  close(fd); /* the registration holds its own reference */
+  if (!rdma) {
+    if (rc == 0) { /* recorded: every GET into it must refuse, the CPU never writing it */
+      uint64_t n = 0;
+      CHECK(dfkv_get(c, dk, sizeof dk - 1, dev + 4096, sizeof val) == 0 &&
+                dfkv_last_status(c) == DFKV_STATUS_DIRECT_UNSUPPORTED,
+            "tcp get into device memory: status %d", dfkv_last_status(c));
+      CHECK(dfkv_get_auto(c, dk, sizeof dk - 1, dev, DN, &n) == 0 && dfkv_last_status(c) == DFKV_STATUS_DIRECT_UNSUPPORTED,
+            "tcp get_auto into device memory: status %d", dfkv_last_status(c));
+      int untouched = 1;
+      for (size_t i = 0; i < DN; i++) untouched &= dev[i] == 0;
+      CHECK(untouched, "a refused device GET wrote the memory");
+      CHECK(dfkv_unregister_dmabuf(c, iova, DN) == 0, "unregister_dmabuf on tcp: %s", dfkv_last_error(c));
+    } else {
+      CHECK(dfkv_last_status(c) == DFKV_STATUS_DIRECT_UNSUPPORTED, "register_dmabuf on tcp: status %d (%s)",
+            dfkv_last_status(c), dfkv_last_error(c));
+    }
+    /* the client still serves host GETs (through the general path from now on) */
+    unsigned char host[sizeof val];
+    CHECK(dfkv_get(c, dk, sizeof dk - 1, host, sizeof host) == 1 && memcmp(host, val, sizeof val) == 0,
+          "host get after register_dmabuf: %s", dfkv_last_error(c));
+  } else {
+    CHECK(rc == 0, "register_dmabuf over rdma: %s", dfkv_last_error(c));
+    double staged = stat_value(c, "dfkv_rdma_staged_ops_total");
+    uint64_t n = 0;
+    CHECK(dfkv_get(c, dk, sizeof dk - 1, dev + 4096, sizeof val) == 1 && memcmp(dev + 4096, val, sizeof val) == 0,
+          "rdma get into device memory: %s", dfkv_last_error(c));
+    memset(dev, 0, DN);
+    void* sp[2] = {dev + 100, dev + 20000};
+    uint64_t sl[2] = {1000, 5000};
+    void* const* spp[1] = {sp};
+    const uint64_t* slp[1] = {sl};
+    const void* ks[1] = {dk};
+    uint64_t kl[1] = {sizeof dk - 1};
+    uint32_t cnt[1] = {2};
+    int ok[1] = {0};
+    CHECK(dfkv_batch_get_auto_sg(c, ks, kl, spp, slp, cnt, 1, ok, &n) == 0 && ok[0] == 1 && n == sizeof val &&
+              memcmp(dev + 100, val, 1000) == 0 && memcmp(dev + 20000, val + 1000, sizeof val - 1000) == 0,
+          "rdma sg get into device memory: %s", dfkv_last_error(c));
+    CHECK(stat_value(c, "dfkv_rdma_staged_ops_total") == staged, "a device GET was staged");
+    CHECK(dfkv_unregister_dmabuf(c, iova, DN) == 0, "unregister_dmabuf: %s", dfkv_last_error(c));
+    CHECK(dfkv_unregister_dmabuf(c, iova, DN) == -1 && dfkv_last_status(c) == DFKV_STATUS_INVALID,
+          "second unregister_dmabuf: status %d", dfkv_last_status(c));
+  }
+  munmap(dev, DN);
+}
+
 static void rdma_section(const char* addr) {
   char members[256];
   snprintf(members, sizeof members, "n1=%s", addr);
@@ -216,6 +293,7 @@ static void rdma_section(const char* addr) {
   free(want);
   CHECK(stat_value(c, "dfkv_rdma_mr_pool_ops_total") == pool_after, "pool ops after unregister");
   free(pool); /* unregistered: the caller may free it while the client stays open */
+  dmabuf_checks(c, 1);
   CHECK(dfkv_batch_remove(c, keys, klens, NS, ok) == 0 && ok[0] == 1 && dfkv_exist(c, keys[0], klens[0]) == 0,
         "rdma batch_remove");
   dfkv_close(c);
@@ -272,6 +350,7 @@ int main(void) {
   CHECK(dfkv_unregister_memory(c, region, sizeof region) == 0, "unregister_memory on tcp");
   CHECK(dfkv_unregister_memory(c, region, sizeof region) == -1 && dfkv_last_error(c)[0] != '\0',
         "second unregister_memory on tcp");
+  dmabuf_checks(c2, 0); /* c2: its fast path goes off; c keeps it for the checks below */
 
   /* ---- single ops with binary keys ---- */
   const unsigned char key[] = {'k', 0, 1, 0xff, 0};
@@ -447,6 +526,8 @@ int main(void) {
   CHECK(strstr(dfkv_last_error(c), "closed") != NULL, "last error on a closed client: '%s'", dfkv_last_error(c));
   CHECK(dfkv_max_sg_segs(c) == 0, "max_sg_segs of a closed client");
   CHECK(dfkv_unregister_memory(c, region, sizeof region) == -1, "unregister_memory on a closed client");
+  CHECK(dfkv_unregister_dmabuf(c, 0x10000, 4096) == -1 && dfkv_last_status(c) == DFKV_STATUS_CLOSED,
+        "unregister_dmabuf on a closed client: status %d", dfkv_last_status(c));
   CHECK(dfkv_max_value_size(c) == 0, "max_value_size of a closed client");
   CHECK(dfkv_batch_exist_lease(c, keys, klens, N, 0, ok) == -1 && ok[0] == 0, "exist_lease on closed client");
   dfkv_close(c); /* double close is harmless */
