@@ -24,7 +24,8 @@ Nothing blocks the scheduler thread and a vanished object never fails a request:
 * **Partial loads recompute** — a job reports how many leading blocks arrived
   (``build_connector_worker_meta``); the scheduler-side ``update_connector_output`` rewinds
   the request's computed tokens to that prefix before vLLM promotes it, so vLLM simply
-  computes the rest. No block ids are reported as load errors: that path fails the request
+  computes the rest. No block ids are reported as load errors (host staging; direct loads
+  below do report them): that path fails the request
   under vLLM's default ``kv_load_failure_policy="fail"`` and raises with several KV cache
   groups (HMA). Both policies and hybrid models therefore recompute.
 * **Save (worker)** — ``wait_for_save`` gathers the prompt blocks that became full this step
@@ -64,6 +65,7 @@ from __future__ import annotations
 
 import logging
 import math
+import mmap
 import os
 import threading
 import time
@@ -101,7 +103,7 @@ logger = logging.getLogger("dfkv.connectors.vllm")
 
 LAYOUT_ID = "vllm-v1/raw-v1"
 _NULL_BLOCK = 0  # vLLM's block pool reserves block 0 as the null block
-_DMABUF_ALIGN = 4096  # cuMemGetHandleForAddressRange wants page-aligned ranges
+_DMABUF_ALIGN = mmap.PAGESIZE  # cuMemGetHandleForAddressRange wants host-page-aligned ranges
 
 # (storage base address, size, a tensor on it) -> (DMA-BUF fd the connector then owns, offset
 # of the base address in it)

@@ -243,3 +243,36 @@ def test_layout_needing_too_many_segments_refused_by_name(rdma_members, tenant, 
 
     with pytest.raises(ValueError, match=r"direct_gpu: KV cache layout .* scatter-gather segments per block object"):
         VllmEngine(rdma_members, tenant, make_caches=hnd, direct_gpu=True)
+
+
+def test_default_exporter_refuses_non_cuda_memory_by_name():
+    """Without an injected seam, direct_gpu needs CUDA KV caches: a CPU tensor is refused
+    with the device it lives on (never a silent host path)."""
+    from dfkv.connectors.vllm_v1 import export_cuda_dmabuf
+
+    t = torch.zeros(1024, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="lives on cpu, not on a CUDA device"):
+        export_cuda_dmabuf(t.data_ptr(), t.numel(), t)
+
+
+def test_block_runs_match_the_staging_byte_order():
+    """The runs a direct load scatters into are, concatenated, exactly the bytes the staging
+    path copies for a block (index_select + movedim + reshape), for split, contiguous and a
+    strided head-major view."""
+    from dfkv.connectors.vllm_v1 import _block_runs
+
+    phys = torch.arange(2 * 16 * 4 * 2 * 8, dtype=torch.int16)
+    views = {
+        "split": (phys.view(2, 16, 4, 2, 8), 1),
+        "contiguous": (phys.view(16, 2, 4, 2, 8), 0),
+        "hnd": (phys.view(16, 2, 2, 4, 8).permute(1, 0, 3, 2, 4), 1),  # (2, nb, bs, H, D), heads outer
+    }
+    raw = phys.view(torch.uint8)
+    for name, (t, bdim) in views.items():
+        runs = _block_runs(t, bdim)
+        for b in (0, 5, 15):
+            base = (t.data_ptr() - phys.data_ptr()) + b * t.stride(bdim) * t.element_size()
+            got = torch.cat([raw[base + o: base + o + n] for o, n in runs])
+            want = t.select(bdim, b).contiguous().view(-1).view(torch.uint8)
+            assert torch.equal(got, want), (name, b, runs)
+    assert len(_block_runs(*views["contiguous"])) == 1 and len(_block_runs(*views["split"])) == 2
