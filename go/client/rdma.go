@@ -66,7 +66,7 @@ type RDMAOptions struct {
 	// SoftNoDMABuf makes the soft provider refuse RegisterDMABuf as a NIC without DMA-BUF
 	// import does (EOPNOTSUPP). Test-only.
 	SoftNoDMABuf bool
-	Depth         uint32 // requests in flight per RDMA connection (default 4)
+	Depth        uint32 // requests in flight per RDMA connection (default 4)
 	// MaxBlock is the declared largest value (default 4 MiB, at most Limits.MaxValue). It
 	// sizes the server's slots (depth x block per connection); larger values use TCP.
 	MaxBlock uint64
