@@ -4,6 +4,8 @@ Each round (at least 5):
   * a write-back burst: distinct 1 MiB PUTs x conns for 0.9 of the dirty budget (seconds of
     traffic, never past the budget: the server is idle-clean before it starts), then
     memcached's and Redis's PUT of the same count and shape, the order rotating by round;
+  * right after dfkv's burst, write-back sustained: PUTs for 3x the burst's budget-fill time
+    (the flush rate bounds them), then raw O_DIRECT|O_DSYNC writes of the same shape and time;
   * cold GET x cold-conns from a slab server without the RAM tier, against as many raw
     O_DIRECT readers of a file on the same file system, the order alternating;
   * with --base-build DIR (the previous build's build/ directory): warm GET and write-through
@@ -181,6 +183,23 @@ def _run(opts, b, procs, tmp, found, base_server, size, budget, rounds, label, b
                     burst_secs = res["seconds"]
                     m = b.scrape_metrics(srv["dfkv_wb"].mport)
                     row["wb_dirty_busy_total"] = m.get("dfkv_ram_dirty_busy_total", 0)
+                    # Sustained, right after the burst (the budget is 0.9 full): at least 3x the
+                    # time the burst took to fill the budget, so the flush rate bounds it; then
+                    # raw O_DIRECT|O_DSYNC writes of the same size, concurrency and duration.
+                    fill = budget / max(res["gb_per_s"] * 1e9, 1)
+                    sdur = max(cold_secs, 3 * fill)
+                    b.log("round %d/%d: dfkv_wb sustained PUT %.1fs, then O_DIRECT writes ..." % (
+                        rnd + 1, rounds, sdur))
+                    key_base[0] += 10000000
+                    row["dfkv_wb_sustained"] = bench("r%d-wb_sustained" % rnd, dfkv_t(srv["dfkv_wb"]) + [
+                        "--op", "put", "--size", str(size), "--conns", str(conns), "--ns", "wb", "--distinct",
+                        "--key-base", str(key_base[0]), "--warmup", "0", "--duration", "%gs" % sdur,
+                        "--max-time", "600s"], srv["dfkv_wb"], sdur)
+                    row["odirect_put"] = bench("r%d-odirect_put" % rnd, [
+                        "--target", "odirect", "--file", odfile, "--op", "put", "--size", str(size), "--conns",
+                        str(conns), "--ns", "wb", "--distinct", "--warmup", "0", "--duration", "%gs" % sdur,
+                        "--max-time", "600s"])
+                    wait_clean(srv["dfkv_wb"])
             else:
                 res = bench("r%d-%s_put" % (rnd, s), ["--target", s, "--addr", peers[s]] + common + [
                     "--ns", "peer", "--keys", str(peer_keys)])
@@ -216,6 +235,7 @@ def _run(opts, b, procs, tmp, found, base_server, size, budget, rounds, label, b
 
     ratios = [("put_%s_wb_burst dfkv_wb/memcached" % label, "dfkv_wb_put", "memcached_put"),
               ("put_%s_wb_burst dfkv_wb/redis" % label, "dfkv_wb_put", "redis_put"),
+              ("put_%s_wb_sustained dfkv_wb/odirect" % label, "dfkv_wb_sustained", "odirect_put"),
               ("cold_get_%s x%d dfkv/odirect" % (label, cold_conns), "dfkv_cold_get", "odirect_get")]
     if base_server:
         ratios += [("get_%s warm this/base" % label, "dfkv_wt_get", "base_wt_get"),
@@ -235,7 +255,8 @@ def _run(opts, b, procs, tmp, found, base_server, size, budget, rounds, label, b
         summary[name] = {"per_round": rr, "median": statistics.median(rr), "worst": min(rr)}
         print("%s: median %.2f worst %.2f (per round: %s)" % (name, statistics.median(rr), min(rr),
                                                              " ".join("%.2f" % x for x in rr)))
-    for k in ("dfkv_wb_put", "memcached_put", "redis_put", "dfkv_cold_get", "odirect_get"):
+    for k in ("dfkv_wb_put", "memcached_put", "redis_put", "dfkv_wb_sustained", "odirect_put", "dfkv_cold_get",
+              "odirect_get"):
         xs = [g(r, k) for r in per if g(r, k)]
         if xs:
             print("  %s GB/s: median %.3f worst %.3f" % (k, statistics.median(xs), min(xs)))

@@ -72,6 +72,11 @@ func TestCProgram(t *testing.T) {
 	cmd := exec.Command(filepath.Join(bin, "abi_test"))
 	cmd.Env = append(os.Environ(), "DFKV_TEST_ADDR="+addr, "DFKV_TEST_RDMA_ADDR="+rdmaAddr, "DFKV_RDMA_PROVIDER="+provider,
 		"DFKV_RDMA_MAX_BLOCK="+strconv.Itoa(64<<20), "DFKV_RDMA_DEPTH=2", "DFKV_IO_TIMEOUT_MS=60000")
+	if provider != "soft" {
+		// The soft NIC maps any DMA-BUF itself and must take it; a real NIC may refuse
+		// (rxe does, EOPNOTSUPP), and then the program checks the refusal instead.
+		cmd.Env = append(cmd.Env, "DFKV_TEST_DMABUF_MAY_REFUSE=1")
+	}
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
