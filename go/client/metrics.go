@@ -47,7 +47,9 @@ type clientMetrics struct {
 	// hotReads: reads sent to a hot key's replica, by result (hit, fallback).
 	hotReads *prometheus.CounterVec
 	// directLoads: GETs (batch items one by one) into registered device memory, by result
-	// (ok, miss, error, refused: not possible on this path, ErrDirectUnsupported);
+	// (ok; miss: the server has no such value, or none that fits; error: the load failed,
+	// e.g. its connection broke or it timed out; refused: not possible on this path,
+	// ErrDirectUnsupported);
 	// directSeconds: a scalar direct GET's call time (the RDMA transfer alone is
 	// dfkv_rdma_direct_transfer_seconds_total).
 	directLoads   *prometheus.CounterVec
@@ -67,7 +69,7 @@ func newClientMetrics() *clientMetrics {
 	m.hotReads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_client_hot_replica_reads_total",
 		Help: "Reads of hot keys sent to a replica, by result (hit; fallback: missed or failed there and read from the primary)."}, []string{"result"})
 	m.directLoads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dfkv_client_direct_loads_total",
-		Help: "GETs into registered device memory (DMA-BUF), by result (ok, miss, error, refused)."}, []string{"result"})
+		Help: "GETs into registered device memory (DMA-BUF), by result (ok; miss: no such value, or too large; error: the load failed; refused: not possible directly)."}, []string{"result"})
 	m.directSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "dfkv_client_direct_load_seconds",
 		Help: "Call time of a scalar GET into device memory.", Buckets: prometheus.ExponentialBuckets(20e-6, 2.5, 14)})
 	m.reg.MustRegister(ops, bytes, lat, m.retries, m.dials, m.cooldowns, m.fastFails, m.hotReads, m.directLoads, m.directSeconds)
@@ -100,14 +102,16 @@ func (m *clientMetrics) done(op opKind, err error, n int64, start time.Time) {
 	m.latency[op].Observe(time.Since(start).Seconds())
 }
 
-// directDone counts one direct load's outcome.
+// directDone counts one direct load's outcome. Unlike dfkv_client_ops_total, a load that
+// failed on its way (unavailable, timed out) is an error, not a miss: the value exists, the
+// transfer into device memory did not complete.
 func (m *clientMetrics) directDone(err error) {
 	r := "ok"
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrDirectUnsupported):
 		r = "refused"
-	case result(err) == resMiss:
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrBufferTooSmall):
 		r = "miss"
 	default:
 		r = "error"

@@ -18,6 +18,10 @@ dpkg-query -W -f '  ${Package} ${Version}\n' rdma-core ibverbs-providers libibve
 
 say "step: fabric l2 (two veth pairs, rxe0/rxe1)"
 modprobe rdma_rxe || { say "no rdma_rxe module"; exit 1; }
+# udmabuf (built in or a module, depending on the kernel's config): the real DMA-BUF of
+# TestRDMADirectDMABuf and the DMA-BUF probe; DFKV_TEST_REQUIRE_UDMABUF=1 (below) makes that
+# test fail, not skip, without /dev/udmabuf.
+modprobe udmabuf || say "no udmabuf module (TestRDMADirectDMABuf will fail)"
 ip link set lo up
 for i in 0 1; do
   ip link add dfkv$i type veth peer name dfkv${i}p
@@ -57,6 +61,7 @@ suite() {
 ulimit -l unlimited
 export DFKV_BIN_DIR=$bin DFKV_TEST_RDMA_PROVIDER=ibverbs DFKV_TEST_FABRIC_SCALE=${DFKV_TEST_FABRIC_SCALE:-10}
 export DFKV_TEST_RDMA_DEV=rxe0 DFKV_TEST_RDMA_DEVS=rxe0,rxe1 DFKV_SOFTROCE=0 DFKV_TEST_CABI_DIR=$bin
+export DFKV_TEST_REQUIRE_UDMABUF=1 # this kernel has udmabuf: its test must run here
 cd /tmp
 . /host/.dfkv-vm/fabrics.sh
 # DFKV_GUEST_SUITES: which parts run (default all).
