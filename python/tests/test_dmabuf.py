@@ -2,34 +2,29 @@
 dfkv_server: argument errors, TCP-only clients (DirectUnsupported, never a CPU write into the
 device range), and, over the soft RDMA provider, GETs landing in the device memory.
 
-The stand-in for a device allocation is a memfd the test maps itself: the soft provider maps
-the fd separately, so bytes the NIC writes show up in the test's mapping, and that mapping is
-what every check reads (never a host staging buffer)."""
+The stand-in for a device allocation is ``devmem.DeviceMemory``: a udmabuf (a real DMA-BUF over
+a sealed memfd) where the kernel has /dev/udmabuf, else the memfd itself; the test ids say
+which ran ([udmabuf] / [memfd]). The test maps the memory itself and the soft provider maps the
+fd separately, so bytes the NIC writes show up in the test's mapping, and that mapping is what
+every check reads (never a host staging buffer)."""
 
 from __future__ import annotations
 
-import mmap
 import os
+from pathlib import Path
 
 import pytest
 
 import dfkv
 from dfkv import _abi
-from conftest import _run_server, run_python
+import devmem
+from conftest import PYTHON_DIR, _run_server, run_python
 
 pytestmark = pytest.mark.server
 
 PROVIDER = os.environ.get("DFKV_TEST_RDMA_PROVIDER", "soft")
-
-
-def _memfd(size: int):
-    fd = os.memfd_create("dfkv-test-dmabuf", os.MFD_CLOEXEC)
-    os.ftruncate(fd, size)
-    m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    import ctypes
-
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-    return fd, m, addr
+DEVKIND = devmem.kind()  # which stand-in device memory this host gets (in the test ids)
+devkind = pytest.mark.parametrize("devkind", [DEVKIND])
 
 
 def test_register_dmabuf_argument_errors(client):
@@ -66,13 +61,16 @@ def test_device_destinations_outside_registered_ranges_are_refused(client):
         client.batch_get_auto_sg([b"k"], [[(0x10000,)]])
 
 
-def test_tcp_client_direct_unsupported(client):
+@devkind
+def test_tcp_client_direct_unsupported(client, devkind):
     """No RDMA: registering device memory, or a GET into it, is DirectUnsupported; the
     library never writes the range with the CPU (or over TCP)."""
     assert client.transport_mode == "tcp"
     val = os.urandom(3000)
     assert client.put(b"dev", val)
-    fd, m, addr = _memfd(1 << 16)
+    dev = devmem.DeviceMemory(1 << 16)
+    assert dev.kind == devkind
+    fd, m, addr = dev.fd, dev.mem, dev.addr
     try:
         try:
             client.register_dmabuf(fd, 0, 1 << 16, addr)
@@ -92,8 +90,7 @@ def test_tcp_client_direct_unsupported(client):
         # host GETs still work on this client
         assert client.get(b"dev", len(val)) == val
     finally:
-        m.close()
-        os.close(fd)
+        dev.close()
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +100,9 @@ def rdma_server(tmp_path_factory):
 
 
 DIRECT_CLIENT = r"""
-import ctypes, mmap, os, sys
+import os, sys
 import dfkv
+import devmem
 from dfkv import _abi
 
 def stat(c, name):
@@ -114,17 +112,26 @@ def stat(c, name):
     return 0.0
 
 SIZE = 1 << 20
-fd = os.memfd_create("dfkv-dmabuf", os.MFD_CLOEXEC)
-os.ftruncate(fd, SIZE)
-dev = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-iova = ctypes.addressof(ctypes.c_char.from_buffer(dev))
+mem = devmem.DeviceMemory(SIZE)
+print("device memory:", mem.kind)
+assert mem.kind == os.environ["DEVKIND"], mem
+dev, iova = mem.mem, mem.addr
 c = dfkv.Client("n1=" + os.environ["ADDR"], namespace=b"py\0dmabuf")
 vals = [os.urandom(n) for n in (1, 4096, 100000)]
 keys = [b"d%d" % i for i in range(len(vals))]
 assert c.batch_put(keys, vals) == [True] * len(vals)
 assert c.transport_mode == "rdma", c.transport_mode
-c.register_dmabuf(fd, 0, SIZE, iova)
-os.close(fd)  # the registration holds its own reference
+try:
+    c.register_dmabuf(mem.fd, 0, SIZE, iova)
+except dfkv.DirectUnsupported as e:
+    # a hardware NIC may not import DMA-BUFs (rxe: EOPNOTSUPP, errno 95): the refusal must
+    # say the driver's errno; the soft provider always imports the stand-in
+    assert os.environ["PROVIDER"] != "soft" and "errno" in str(e), e
+    assert c.get(keys[2], len(vals[2])) == vals[2]  # host GETs still work after it
+    print("refused:", e)
+    print("ok")
+    sys.exit(0)
+mem.close_fd()  # the registration holds its own reference
 staged = stat(c, "dfkv_rdma_staged_ops_total")
 # single GETs into the device memory
 assert c.get_into(keys[2], (iova + 8192, len(vals[2]))), c.last_error()
@@ -157,7 +164,13 @@ print("ok")
 """
 
 
-def test_direct_gets_land_in_device_memory_over_soft_rdma(rdma_server):
+@devkind
+def test_direct_gets_land_in_device_memory_over_soft_rdma(rdma_server, devkind):
+    tests = str(Path(__file__).resolve().parent)  # devmem
     r = run_python(DIRECT_CLIENT, env={"ADDR": rdma_server, "DFKV_RDMA": "1", "DFKV_RDMA_PROVIDER": PROVIDER,
-                                       "DFKV_IO_TIMEOUT_MS": "30000"}, timeout=300)
+                                       "DFKV_IO_TIMEOUT_MS": "30000", "DEVKIND": devkind, "PROVIDER": PROVIDER,
+                                       "PYTHONPATH": os.pathsep.join([str(PYTHON_DIR), tests])},
+                   timeout=300)
+    print(r.stdout)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+    assert f"device memory: {devkind}" in r.stdout

@@ -54,11 +54,14 @@ registered with the client (``register_dmabuf``, the device pointer as iova); a 
 resolves each block's device addresses for every layer and issues one scatter-gather GET per
 object into them, which the owner's server serves by RDMA WRITEs straight into the KV cache.
 The object bytes are the same as the host-staging path stores and reads. A load that fails
-(a vanished object, no RDMA, a refused registration) is a hard load failure: its blocks are
+(a vanished object, no RDMA to its owner, a registration refused by a client reopened after
+start) is a hard load failure: its blocks are
 reported through ``get_block_ids_with_load_errors`` (vLLM then fails the request, or
 recomputes it under ``kv_load_failure_policy="recompute"``); there is no host-staging retry.
 Saves still go through the host buffer. Layouts it cannot serve (several KV cache groups:
-HMA/Mamba; a block that is not a few contiguous runs) refuse at start, naming the layout.
+HMA/Mamba; a page-first (block-outermost) layout; a block that is not a few contiguous runs)
+refuse at start, naming the layout, and so does a DMA-BUF registration the NIC refuses
+(``dfkv.DirectUnsupported``, with the driver's errno): never a silent host-staging fallback.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from .. import identity
+from ..errors import DirectUnsupported
 from ._common import (
     ClientConfig,
     LazyClient,
@@ -243,6 +247,9 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         mc = getattr(vllm_config, "model_config", None)
         pc = getattr(vllm_config, "parallel_config", None)
         cc = getattr(vllm_config, "cache_config", None)
+        # where vLLM records the resolved physical KV cache layout (a KVCacheLayout name; a
+        # worker may learn it only after it was built, so direct mode checks again at start)
+        self._layout_srcs = (cc, kv_cache_config)
         use_mla = extra.get("use_mla")
         self.use_mla = bool(_as_bool(use_mla) if use_mla is not None else getattr(mc, "use_mla", False))
         self.tp_size = int(getattr(pc, "tensor_parallel_size", 1) or 1)
@@ -286,6 +293,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self.enabled = bool(groups)
         if self.direct:
             self._check_direct_groups()
+            self._check_direct_layout()
             # direct loads exist only over RDMA (the library's DFKV_RDMA, set before it opens)
             self.cfg.lib_env.setdefault("DFKV_RDMA", os.environ.get("DFKV_RDMA") or "1")
         if self.enabled and self.pcp_size > 1:
@@ -361,6 +369,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
         self._dmabufs: Dict[int, Tuple[int, int, int]] = {}  # iova -> (size, fd, offset)
         self._dmabuf_client: Optional[int] = None  # id() of the client they are registered with
         self._dmabuf_error: Optional[str] = None   # why they are not (loads then fail)
+        self._dmabuf_exc: Optional[BaseException] = None  # the exception that said so
         self._load_errors: Set[int] = set()        # failed block ids not yet reported
         self._job_blocks: Dict[str, Set[int]] = {}  # direct job -> its block ids (all fail if it raises)
         self._failed_reqs: Set[str] = set()  # worker: direct loads with errors, not yet reported
@@ -382,6 +391,57 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
                 raise ValueError(
                     f"dfkv vLLM connector: direct_gpu does not serve KV cache group spec {kind} "
                     "(recurrent / non-attention state); use the host-staging path (direct_gpu: false)")
+
+    def _declared_layout(self) -> Optional[Any]:
+        """vLLM's resolved physical KV cache layout (``KVCacheLayout``, vLLM >= 0.33), or None
+        where it is not known (not resolved yet, an older vLLM, a name this vLLM lacks)."""
+        try:
+            from vllm.v1.kv_cache_layout import KVCacheLayout
+        except ImportError:
+            return None
+        for src in self._layout_srcs:
+            name = getattr(src, "kv_cache_layout", None)
+            if isinstance(name, KVCacheLayout):
+                return name
+            if isinstance(name, str) and name in KVCacheLayout.__members__:
+                return KVCacheLayout[name]
+        return None
+
+    def _check_direct_layout(self) -> None:
+        """direct_gpu serves layer-first KV caches only: a page-first (block-outermost) layout,
+        where every layer's page of a block is packed into one block row of a shared
+        allocation (vLLM's BLHNC/BLNHC/BHLNC, what its NIXL connector calls a packed cache), is
+        refused by name, as vLLM's own connectors detect it (``is_block_outermost``)."""
+        lay = self._declared_layout()
+        if lay is not None and getattr(lay, "is_block_outermost", False):
+            raise ValueError(
+                f"dfkv vLLM connector: direct_gpu does not serve page-first KV cache layouts: vLLM's "
+                f"KV cache layout is {lay.name} (block-outermost: every layer's page of a block packed "
+                "into one block row); direct loads address layer-first layouts only (L outermost, e.g. "
+                "LBNHC, LBHNC). Use the host-staging path (direct_gpu: false) or a layer-first layout "
+                "(VLLM_KV_CACHE_LAYOUT, where the attention backend supports it)")
+
+    @staticmethod
+    def _page_first_layers(group: List[Tuple[str, torch.Tensor, int, int]]) -> Optional[str]:
+        """The same check from the tensors vLLM registered, for a layout whose name is not
+        known: in a page-first layout the layers of a group interleave in one allocation (each
+        layer's block stride spans the other layers' pages), so the memory spans of two layers
+        overlap; layer-first layers each own a region (a layer sharing another's KV cache,
+        vLLM's KV sharing, is the same view: not an interleave). Returns a description, or None."""
+        spans = []
+        for name, t, _, _ in group:
+            es = t.element_size()
+            lo = int(t.data_ptr())
+            hi = lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0) + 1) * es
+            spans.append((int(t.untyped_storage().data_ptr()), lo, hi, name, t))
+        spans.sort(key=lambda x: x[:2])
+        for a, b in zip(spans, spans[1:]):
+            same = (a[1], a[2], tuple(a[4].stride())) == (b[1], b[2], tuple(b[4].stride()))
+            if a[0] == b[0] and b[1] < a[2] and not same:
+                return (f"layers {a[3]} and {b[3]} interleave in one allocation (shape "
+                        f"{tuple(a[4].shape)}, stride {tuple(a[4].stride())}, the next layer "
+                        f"{b[1] - a[1]} bytes further)")
+        return None
 
     def stats(self) -> Dict[str, float]:
         """A copy of the connector's per-stage figures (staged_* and direct_* counts, bytes and
@@ -680,8 +740,18 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _setup_direct(self) -> None:
         """Direct loads: resolve every layer's block geometry (refusing layouts whose block is
-        not a few contiguous runs), export each KV cache storage as a DMA-BUF once and register
-        it with the client (again with a reopened client, at load time)."""
+        not a few contiguous runs, and page-first layouts), export each KV cache storage as a
+        DMA-BUF once and register it with the client (again with a reopened client, at load
+        time). A registration the client refuses here (the NIC cannot import DMA-BUFs:
+        ``dfkv.DirectUnsupported`` with the driver's errno) refuses direct mode at start."""
+        self._check_direct_layout()  # a worker may learn vLLM's resolved layout after __init__
+        for group in self._layers:
+            why = self._page_first_layers(group)
+            if why is not None:
+                raise ValueError(
+                    f"dfkv vLLM connector: direct_gpu does not serve page-first KV cache layouts: {why}; "
+                    "direct loads address layer-first layouts only (each layer's blocks in a region of "
+                    "their own). Use the host-staging path (direct_gpu: false) or a layer-first layout")
         c = self._client.get()
         max_segs = min(self.direct_max_segments, c.max_sg_segs if c is not None else 256)
         direct: List[List[Tuple[int, int, List[Tuple[int, int]]]]] = []
@@ -711,26 +781,45 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             fd, off = self.dmabuf_exporter(iova, size, t)
             self._dmabufs[iova] = (size, int(fd), int(off))
         self._direct_layers = direct
-        if c is not None:
-            self._ensure_dmabufs(c)
+        if c is not None and self._ensure_dmabufs(c, at_start=True) is not None:
+            err, exc = self._dmabuf_error, self._dmabuf_exc
+            self._release_dmabufs()
+            if isinstance(exc, DirectUnsupported):
+                why = ("the RDMA NIC (or the client: no RDMA) refused to register the KV cache memory "
+                       f"as a DMA-BUF ({err})")
+            else:
+                why = f"cannot register the KV cache memory as a DMA-BUF ({err})"
+            raise RuntimeError(
+                f"dfkv vLLM connector: direct_gpu: {why}; direct loads cannot work on this node. Use the "
+                "host-staging path (direct_gpu: false), or a NIC and driver stack with DMA-BUF memory "
+                "registration (ibv_reg_dmabuf_mr)") from exc
         logger.info("dfkv vLLM connector: direct_gpu: %d KV cache storage(s) exported as DMA-BUF, "
                     "segments per object %s", len(self._dmabufs), [sum(len(r) for *_, r in p) for p in direct])
 
-    def _ensure_dmabufs(self, c: Any) -> Optional[str]:
+    def _ensure_dmabufs(self, c: Any, at_start: bool = False) -> Optional[str]:
         """Register the exported KV cache memory with client c once; returns why it is not
-        registered (None when it is)."""
+        registered (None when it is). At start the caller raises with the reason; with a client
+        reopened later, the loads through it fail."""
         if self._dmabuf_client == id(c):
             return self._dmabuf_error
-        err = None
+        err, exc, done = None, None, []
         for iova, (size, fd, off) in self._dmabufs.items():
             try:
                 c.register_dmabuf(fd, off, size, iova)
                 self._count(direct_registrations=1)
+                done.append((iova, size))
             except Exception as e:
-                err = f"register_dmabuf of {size} bytes at 0x{iova:x}: {type(e).__name__}: {e}"
-                logger.error("dfkv vLLM connector: direct_gpu: %s; every direct load fails", err)
+                err, exc = f"register_dmabuf of {size} bytes at 0x{iova:x}: {type(e).__name__}: {e}", e
+                if not at_start:
+                    logger.error("dfkv vLLM connector: direct_gpu: %s; every direct load fails", err)
                 break
-        self._dmabuf_client, self._dmabuf_error = id(c), err
+        if err is not None:
+            for iova, size in done:  # all or nothing: a failed registration leaves none behind
+                try:
+                    c.unregister_dmabuf(iova, size)
+                except Exception as e:
+                    logger.warning("dfkv vLLM connector: unregister_dmabuf of 0x%x: %s", iova, e)
+        self._dmabuf_client, self._dmabuf_error, self._dmabuf_exc = id(c), err, exc
         return err
 
     def _release_dmabufs(self) -> None:
@@ -746,7 +835,7 @@ class DfkvConnector(KVConnectorBase_V1, SupportsHMA):
             except OSError:
                 pass
         self._dmabufs.clear()
-        self._dmabuf_client = self._dmabuf_error = None
+        self._dmabuf_client = self._dmabuf_error = self._dmabuf_exc = None
 
     def _block_segments(self, group: int, block_id: int) -> List[Tuple[int, int]]:
         """(device address, bytes) of one block's object, in stored order: every layer of the

@@ -1,18 +1,19 @@
 """The vLLM connector's direct GPU loads (``direct_gpu: true``) under vLLM's own Scheduler.
 
 The dfkv side is the real libdfkv.so and a real dfkv_server serving RDMA over the soft
-provider (the software NIC). The "device memory" is a memfd the test maps itself: the KV cache
-tensors are torch views over that mapping (at non-zero storage offsets), and the connector's
-DMA-BUF seam (``dmabuf_exporter``) hands the library the memfd, which the soft provider maps
-separately. Bytes the server's RDMA WRITEs deliver therefore show up in the test's own
-mapping, which is what ``VllmEngine.block_ok`` reads; no host staging buffer is involved (the
-connector's staging counters and the client's staged-op counter stay 0).
+provider (the software NIC). The "device memory" is ``devmem.DeviceMemory`` (a udmabuf where
+the kernel has /dev/udmabuf, else a memfd; the test ids say which: [udmabuf] / [memfd]), which
+the test maps itself: the KV cache tensors are torch views over that mapping (at non-zero
+storage offsets), and the connector's DMA-BUF seam (``dmabuf_exporter``) hands the library the
+DMA-BUF fd, which the soft provider maps separately. Bytes the server's RDMA WRITEs deliver
+therefore show up in the test's own mapping, which is what ``VllmEngine.block_ok`` reads; no
+host staging buffer is involved (the connector's staging counters and the client's staged-op
+counter stay 0).
 """
 
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import uuid
 
@@ -23,11 +24,13 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vllm is not installe
 
 import torch  # noqa: E402
 from engine_support import VLLM_BLOCK, VllmEngine, vllm_request  # noqa: E402
+import devmem  # noqa: E402  (tests/, on the path as conftest's directory)
 
 pytestmark = pytest.mark.server
 
 PROMPT = list(range(200, 214))  # 14 tokens: 3 full blocks of 4 can come from dfkv
 PROVIDER = os.environ.get("DFKV_TEST_RDMA_PROVIDER", "soft")
+DEVKIND = devmem.kind()  # which stand-in device memory this host gets (in the test ids)
 
 
 @pytest.fixture(scope="module")
@@ -53,37 +56,44 @@ def rdma_env(monkeypatch):
     monkeypatch.setenv("DFKV_IO_TIMEOUT_MS", "30000")
 
 
-class MemfdCaches:
-    """make_caches for VllmEngine: every rank's layers as bf16 views into one memfd mapping,
-    the first at a non-zero storage offset and with gaps between layers; the worker's
-    dmabuf_exporter returns (a dup of) the memfd and the storage's offset in it."""
+class DevCaches:
+    """make_caches for VllmEngine: every rank's layers as bf16 views into one stand-in device
+    allocation (devmem.DeviceMemory), the first at a non-zero storage offset and with gaps
+    between layers; the worker's dmabuf_exporter returns (a dup of) its DMA-BUF fd and the
+    storage's offset in it. ``page_first``: the layers interleave instead, every layer's page
+    of a block in one block row ((num_blocks, layers, ...), vLLM's block-outermost layouts)."""
 
-    def __init__(self, lead: int = 4096 + 256, gap: int = 512):
-        self.lead, self.gap = lead, gap
+    def __init__(self, lead: int = 4096 + 256, gap: int = 512, page_first: bool = False):
+        self.lead, self.gap, self.page_first = lead, gap, page_first
         self.exports = []  # (ptr, size) the connector exported
         self.keep = []
 
     def __call__(self, rank, worker, shapes):
         sizes = {n: math.prod(sh) * 2 for n, sh in shapes.items()}
         total = self.lead + sum(sizes.values()) + self.gap * len(sizes)
-        fd = os.memfd_create(f"dfkv-vllm-direct-{rank}", os.MFD_CLOEXEC)
-        os.ftruncate(fd, total)
-        m = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        raw = torch.frombuffer(m, dtype=torch.uint8)
+        dev = devmem.DeviceMemory(total, name=f"dfkv-vllm-direct-{rank}")
+        print(f"device memory: {dev.kind}")
+        raw = torch.frombuffer(dev.mem, dtype=torch.uint8)
         base = raw.untyped_storage().data_ptr()
         caches, off = {}, self.lead
-        for n, sh in shapes.items():
-            caches[n] = raw[off:off + sizes[n]].view(torch.bfloat16).view(sh)
-            off += sizes[n] + self.gap
+        if self.page_first:
+            sh = next(iter(shapes.values()))
+            assert all(s == sh for s in shapes.values())
+            rows = raw[off:off + sum(sizes.values())].view(torch.bfloat16).view((sh[0], len(shapes)) + sh[1:])
+            caches = {n: rows[:, i] for i, n in enumerate(shapes)}  # (num_blocks, ...), strided
+        else:
+            for n, sh in shapes.items():
+                caches[n] = raw[off:off + sizes[n]].view(torch.bfloat16).view(sh)
+                off += sizes[n] + self.gap
         assert all(t.storage_offset() > 0 for t in caches.values())
 
         def export(ptr, size, tensor):
             assert tensor.device.type == "cpu"
             self.exports.append((ptr, size))
-            return os.dup(fd), ptr - base
+            return dev.export(), ptr - base
 
         worker.dmabuf_exporter = export
-        self.keep.append((fd, m, raw))
+        self.keep.append((dev, raw))
         return caches
 
 
@@ -130,13 +140,15 @@ def _stat(c, name):
     raise AssertionError(f"{name} not in the client's stats")
 
 
+@pytest.mark.parametrize("devkind", [DEVKIND])
 @pytest.mark.parametrize("layout", ["split", "contiguous"])
-def test_direct_load_lands_stored_bytes_in_device_memory(rdma_members, tenant, rdma_env, layout):
+def test_direct_load_lands_stored_bytes_in_device_memory(rdma_members, tenant, rdma_env, layout, devkind):
     _write(rdma_members, tenant)  # split layout, host staging
-    caches = MemfdCaches()
+    caches = DevCaches()
     r, seen, errors = _direct_reader(rdma_members, tenant, caches, layout=layout)
-    # one registration per KV cache storage (both layers share the memfd), the storage's range
-    assert len(caches.exports) == 1 and caches.exports[0][1] == caches.keep[0][2].numel()
+    assert caches.keep[0][0].kind == devkind
+    # one registration per KV cache storage (both layers share one allocation), its range
+    assert len(caches.exports) == 1 and caches.exports[0][1] == caches.keep[0][1].numel()
     _fragment(r)
     r.add(vllm_request("reader", PROMPT))
     assert r.step().num_scheduled_tokens == {}  # lookup in flight
@@ -168,7 +180,7 @@ def test_direct_load_error_is_reported_as_block_error(rdma_members, tenant, rdma
     import dfkv
 
     w = _write(rdma_members, tenant)
-    caches = MemfdCaches()
+    caches = DevCaches()
     r, seen, errors = _direct_reader(rdma_members, tenant, caches, policy=policy)
     req = vllm_request("reader", PROMPT)
     r.add(req)
@@ -198,7 +210,7 @@ def test_direct_load_without_rdma_fails_hard(members, tenant, rdma_env):
     """A server without RDMA (the session's TCP server): every direct load is a block error,
     nothing goes through the host, and the retry recomputes (no second load)."""
     _write(members, tenant)
-    caches = MemfdCaches()
+    caches = DevCaches()
     r, seen, errors = _direct_reader(members, tenant, caches, policy="recompute")
     r.add(vllm_request("reader", PROMPT))
     r.run(["reader"])
@@ -231,7 +243,7 @@ def test_mamba_group_refused_by_name(rdma_members, tenant):
 def test_layout_needing_too_many_segments_refused_by_name(rdma_members, tenant, rdma_env):
     """A head-major layout whose block is many small runs: one object would need more
     scatter-gather segments than the library takes, so direct mode refuses it at start."""
-    caches = MemfdCaches()
+    caches = DevCaches()
 
     def hnd(rank, worker, shapes):
         got = caches(rank, worker, shapes)
@@ -243,6 +255,91 @@ def test_layout_needing_too_many_segments_refused_by_name(rdma_members, tenant, 
 
     with pytest.raises(ValueError, match=r"direct_gpu: KV cache layout .* scatter-gather segments per block object"):
         VllmEngine(rdma_members, tenant, make_caches=hnd, direct_gpu=True)
+
+
+def test_page_first_layout_refused_by_name(rdma_members, tenant, rdma_env):
+    """A page-first layout (every layer's page of a block in one block row: vLLM's
+    block-outermost BLHNC/BLNHC/BHLNC) is refused at start by name, from the tensors'
+    geometry when the layout's name is not known; nothing is exported. The host-staging path
+    takes the same tensors as before."""
+    caches = DevCaches(page_first=True)
+    with pytest.raises(ValueError, match=r"direct_gpu does not serve page-first KV cache layouts: layers .* "
+                                         r"interleave in one allocation"):
+        VllmEngine(rdma_members, tenant, make_caches=caches, layout="contiguous", direct_gpu=True)
+    assert caches.exports == []
+    staged = VllmEngine(rdma_members, tenant, make_caches=DevCaches(page_first=True), layout="contiguous")
+    assert not staged.worker.direct and staged.worker._obj_bytes[0] > 0
+    staged.worker.shutdown()
+
+
+@pytest.mark.parametrize("name", ["BLHNC", "BLNHC", "BHLNC"])
+def test_declared_page_first_layout_refused_by_name(rdma_members, tenant, name):
+    """vLLM's resolved layout (cache_config.kv_cache_layout, what its NIXL connector reads as
+    a packed cache): a block-outermost one refuses direct mode when the connector is built, for
+    both roles; layer-first ones and the host-staging path are unaffected."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+
+    from engine_support import vllm_configs
+
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        cfg, kvc = vllm_configs(rdma_members, tenant, direct_gpu=True)
+        cfg.cache_config.kv_cache_layout = name
+        with pytest.raises(ValueError, match=f"direct_gpu does not serve page-first KV cache layouts: vLLM's "
+                                             f"KV cache layout is {name} \\(block-outermost"):
+            KVConnectorFactory.create_connector(cfg, role, kvc)
+    for direct, layout in ((False, name), (True, "LBNHC"), (True, "LHBNC")):
+        cfg, kvc = vllm_configs(rdma_members, tenant, direct_gpu=direct)
+        cfg.cache_config.kv_cache_layout = layout
+        KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kvc).shutdown()
+
+
+@pytest.mark.parametrize("why", ["nic-refuses", "client-without-rdma"])
+def test_refused_dmabuf_registration_refuses_direct_mode_at_start(rdma_members, tenant, rdma_env, monkeypatch, why):
+    """The client refuses the DMA-BUF (dfkv.DirectUnsupported): direct mode refuses at
+    register_kv_caches with the library's reason (the driver's errno text) instead of starting
+    and failing every load, and leaves nothing registered or open behind. "nic-refuses": the
+    exporter hands over an fd the (soft) NIC cannot import (/dev/null: its mmap answers ENODEV,
+    as rxe's ibv_reg_dmabuf_mr answers EOPNOTSUPP); "client-without-rdma": DFKV_RDMA=0."""
+    import dfkv
+
+    caches = DevCaches()
+    given = []
+    if why == "client-without-rdma":
+        monkeypatch.setenv("DFKV_RDMA", "0")
+
+    def make(rank, worker, shapes):
+        got = caches(rank, worker, shapes)
+        if why == "nic-refuses":
+            inner = worker.dmabuf_exporter
+
+            def export(ptr, size, tensor):
+                fd, off = inner(ptr, size, tensor)
+                os.close(fd)
+                fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+                given.append((fd, os.fstat(fd)))
+                return fd, off
+
+            worker.dmabuf_exporter = export
+        return got
+
+    with pytest.raises(RuntimeError) as ei:
+        VllmEngine(rdma_members, tenant, make_caches=make, direct_gpu=True)
+    msg = str(ei.value)
+    print(msg)
+    assert isinstance(ei.value.__cause__, dfkv.DirectUnsupported), repr(ei.value.__cause__)
+    assert "direct_gpu: the RDMA NIC (or the client: no RDMA) refused to register the KV cache memory" in msg
+    assert "DirectUnsupported" in msg and "use the host-staging path (direct_gpu: false)" in msg.lower()
+    if why == "nic-refuses":
+        assert "no such device" in msg  # ENODEV, the errno the soft NIC's mmap got
+        assert len(given) == 1
+        fd, st = given[0]
+        try:  # the connector closed the fd it was given (the number may be reused since)
+            assert not os.path.samestat(os.fstat(fd), st), "the refused DMA-BUF fd is still open"
+        except OSError:
+            pass
+    else:
+        assert "the client has no RDMA" in msg
 
 
 def test_default_exporter_refuses_non_cuda_memory_by_name():
