@@ -2,6 +2,29 @@
 # a real dfkv_server and dfkv_bench --transport rdma --verify (which fails unless RDMA is
 # in use) PUT then GET 1 B – 8 MiB; and the DMA-BUF probe.
 
+# wait_gid NS DEV NETDEV IP: waits (at most 10 s) until DEV's port is ACTIVE, its GID table
+# holds IP's IPv4-mapped GID and NETDEV has no tentative IPv6 address left (duplicate
+# address detection done: the link-local GID that a peer on the same host uses resolves
+# only then). rxe fills the table from the netdev's addresses asynchronously after `rdma
+# link add`; a QP brought up before that failed RTR with "connection timed out" (twonic's
+# first PUT, once).
+wait_gid() {
+  ns=$1 dev=$2 nd=$3 ip=$4
+  want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(echo "$ip" | tr . ' '))
+  p=/sys/class/infiniband/$dev/ports/1
+  for _ in $(seq 100); do
+    if ip netns exec "$ns" sh -c "grep -q ACTIVE $p/state && cat $p/gids/[0-7] 2>/dev/null | grep -qx $want" &&
+      [ -z "$(ip -n "$ns" -6 addr show dev "$nd" tentative)" ]; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  say "$dev ($nd) in $ns: not ACTIVE with GID $want and no tentative address after 10 s"
+  ip netns exec "$ns" sh -c "cat $p/state; cat $p/gids/[0-3]" 2>&1 | sed 's/^/  /'
+  ip -n "$ns" addr show dev "$nd" | sed 's/^/  /'
+  return 1
+}
+
 # bench_pair NAME SRV_NS SRV_IP SRV_DEV CLI_NS CLI_DEV: one shape's round of sizes.
 bench_pair() {
   name=$1 sns=$2 sip=$3 sdev=$4 cns=$5 cdev=$6
@@ -52,6 +75,8 @@ fabric_routed() {
   ip netns exec rtr sysctl -qw net.ipv4.ip_forward=1
   ip netns exec cli rdma link add rxec type rxe netdev vc
   ip netns exec srv rdma link add rxes type rxe netdev vs
+  wait_gid cli rxec vc 10.1.0.2 || status=1
+  wait_gid srv rxes vs 10.2.0.2 || status=1
   ip netns exec cli ping -c1 -W5 10.2.0.2 >/dev/null && say "routed: ping across the router ok"
   for n in cli srv; do
     ip netns exec $n ibv_devinfo 2>/dev/null | grep -E 'hca_id|state' | sed "s/^/  $n: /"
@@ -79,6 +104,8 @@ fabric_twonic() {
   ip -n two link set ta up; ip -n two link set tb up
   ip netns exec two rdma link add rxea type rxe netdev ta
   ip netns exec two rdma link add rxeb type rxe netdev tb
+  wait_gid two rxea ta 10.3.0.1 || status=1
+  wait_gid two rxeb tb 10.3.0.2 || status=1
   bench_pair twonic two 10.3.0.1 rxea two rxeb
 }
 
