@@ -51,7 +51,7 @@ func addTierFlags(fs *flag.FlagSet, o *tierOptions) {
 	fs.IntVar(&o.flushThreads, "ram-tier-flush-threads", ramtier.DefaultFlushThreads, "write-back: goroutines writing dirty arena slots to disk")
 	fs.Var(&o.dirtyBytes, "ram-tier-dirty-bytes", "write-back: most arena bytes acknowledged but not yet on disk (default half the arena)")
 	fs.IntVar(&o.dirtyWaitMS, "ram-tier-dirty-wait-ms", int(ramtier.DefaultDirtyWait/time.Millisecond), "write-back: longest PUT wait for dirty budget before it is refused (CacheFull)")
-	fs.IntVar(&o.flushDeferMS, "ram-tier-flush-defer-ms", int(ramtier.DefaultFlushDefer/time.Millisecond), "write-back: while PUTs stream in and the dirty budget is under 3/4 full, longest a dirty value waits for its flush, so bursts are taken at receive speed (0: flush at once)")
+	fs.IntVar(&o.flushDeferMS, "ram-tier-flush-defer-ms", int(ramtier.DefaultFlushDefer/time.Millisecond), "write-back: while PUTs stream in and the dirty budget is under 15/16 full, longest a dirty value waits for its flush, so bursts are taken at receive speed (0: flush at once)")
 	fs.IntVar(&o.drainTimeoutMS, "ram-tier-drain-timeout-ms", int(ramtier.DefaultDrainTimeout/time.Millisecond), "write-back: longest flush of dirty slots at shutdown (logged when hit; what is left is lost)")
 	fs.BoolVar(&o.faultStallFlush, "fault-stall-flush", false, "fault injection for tests: write-back flushers write nothing until shutdown")
 	fs.BoolVar(&o.coalesce, "read-coalesce", false, "concurrent identical GETs share one disk read")

@@ -44,7 +44,7 @@ func newRAMCollector(t store.RAMTier) prometheus.Collector {
 		{"dfkv_ram_flushed_total", "Write-back: dirty slots written to disk.", true, func(s *store.RAMStats) int64 { return s.Flushed }},
 		{"dfkv_ram_flush_dropped_total", "Write-back: dirty slots dropped unwritten (overwritten or removed before their flush).", true, func(s *store.RAMStats) int64 { return s.FlushDropped }},
 		{"dfkv_ram_flush_errors_total", "Write-back: flushes that failed (the acknowledged value is lost; its key reads as a miss).", true, func(s *store.RAMStats) int64 { return s.FlushErrors }},
-		{"dfkv_ram_flush_deferrals_total", "Write-back: times a flusher held off (at most 1ms each) while PUTs streamed in with the dirty budget under 3/4 full.", true, func(s *store.RAMStats) int64 { return s.FlushDeferrals }},
+		{"dfkv_ram_flush_deferrals_total", "Write-back: times a flusher held off (at most 1ms each) while PUTs streamed in with the dirty budget under 15/16 full.", true, func(s *store.RAMStats) int64 { return s.FlushDeferrals }},
 		{"dfkv_ram_flush_backlog", "Write-back: dirty slots waiting for a flusher.", false, func(s *store.RAMStats) int64 { return s.FlushBacklog }},
 		{"dfkv_ram_flush_threads", "Write-back: flusher goroutines (0 unless write-back).", false, func(s *store.RAMStats) int64 { return s.FlushThreads }},
 		{"dfkv_ram_dirty_bytes", "Write-back: arena bytes acknowledged but not yet on disk (a crash loses them).", false, func(s *store.RAMStats) int64 { return s.DirtyBytes }},

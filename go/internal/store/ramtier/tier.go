@@ -61,7 +61,7 @@ const (
 	DefaultDrainTimeout = 60 * time.Second
 	// DefaultFlushDefer is how long write-back flushers hold off while PUTs stream in and
 	// the dirty budget has room (see Config.FlushDefer).
-	DefaultFlushDefer = 250 * time.Millisecond
+	DefaultFlushDefer = 2 * time.Second
 	maxAutoValue      = 64 << 20
 	minShardBytes     = 1 << 20
 	stripes           = 1 << 16 // a flush holds its batch's stripes across a disk write: PUTs rarely share one
@@ -96,12 +96,13 @@ type Config struct {
 	// hit, the unflushed writes are lost and the count is logged.
 	DrainTimeout time.Duration
 	// FlushDefer: while write-back PUTs keep arriving (one in progress, or one ended
-	// under 5ms ago) and the dirty bytes are under 3/4 of the budget (once there, until
-	// they are back under 1/2), flushers leave a dirty value unflushed for up to this long
-	// (default 250ms; negative: flush at once). A burst that fits the budget is then taken
-	// at receive speed and flushed in the gap after it, instead of sharing the CPU (the
-	// flush's CRC pass) and memory bandwidth with it. What a crash can lose stays bounded
-	// by the budget.
+	// under 5ms ago) and the dirty bytes are under 15/16 of the budget (once there, until
+	// they are back under 1/2, and never again for the same stream of PUTs), flushers
+	// leave a dirty value unflushed for up to this long (default 2s; negative: flush at
+	// once). A burst that fits the budget is then taken at receive speed and flushed in
+	// the gap after it, instead of sharing the CPU (the flush's CRC pass) and memory
+	// bandwidth with it; a stream that outgrows the budget keeps every flusher writing.
+	// What a crash can lose stays bounded by the budget.
 	FlushDefer time.Duration
 	// StallFlush is fault injection for tests: flushers write nothing until Close starts
 	// draining, so the dirty budget fills.

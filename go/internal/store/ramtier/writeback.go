@@ -33,8 +33,13 @@ type wbState struct {
 	// The PUT stream that flushers defer to (see Config.FlushDefer).
 	putting  atomic.Int32 // write-back PUTs in progress
 	waiting  atomic.Int32 // PUTs waiting for dirty budget
-	pressure atomic.Bool  // dirty bytes reached 3/4 of the budget, not yet back under 1/2
+	pressure atomic.Bool  // dirty bytes reached 15/16 of the budget, not yet back under 1/2
 	lastPut  atomic.Int64 // Unix ns when the last one ended
+	// A stream is PUTs with no pause of putIdleGap between them; streamGen counts them.
+	// pressureGen is the stream that last brought pressure: a stream that filled the
+	// budget is sustained, not a burst, and flushers never defer to it again (deferring
+	// each time the flushes got it under 1/2 left the disk idle in a sawtooth).
+	streamGen, pressureGen atomic.Int64
 }
 
 // putIdleGap is how long after the last write-back PUT the stream counts as paused: longer
@@ -49,6 +54,7 @@ func (t *Tier) startFlushers() {
 	w := &t.wb
 	w.work = sync.NewCond(&w.mu)
 	w.bwake = make(chan struct{})
+	w.pressureGen.Store(-1) // no stream has brought pressure yet
 	w.stalled = t.cfg.StallFlush
 	if w.stalled {
 		t.log.Warn("ramtier: fault injection: flushers stalled until shutdown")
@@ -111,7 +117,9 @@ func (t *Tier) putBack(key store.Key, st *stripe, sh *shard, size int, fill func
 		return t.putAroundBack(key, st, sh, size, fill)
 	}
 	w := &t.wb
-	w.putting.Add(1)
+	if w.putting.Add(1) == 1 && time.Now().UnixNano()-w.lastPut.Load() >= int64(putIdleGap) {
+		w.streamGen.Add(1) // racing starters may both count: a new stream either way
+	}
 	defer func() {
 		w.lastPut.Store(time.Now().UnixNano())
 		w.putting.Add(-1)
@@ -135,7 +143,7 @@ func (t *Tier) putBack(key store.Key, st *stripe, sh *shard, size int, fill func
 	}
 	s.length = size
 	// The flush's record needs the CRC32C. When the flushers are the bottleneck (they are
-	// not deferring: the budget is 3/4 full or the deferral is off) it is taken now, over
+	// not deferring: the budget is 15/16 full or the deferral is off) it is taken now, over
 	// bytes the socket copy just left in cache: about a third of the cold reread at flush
 	// time. While flushes defer, it is left to them, off the burst's path.
 	if s.hasCRC = !t.flushMayDefer(); s.hasCRC {
@@ -234,7 +242,7 @@ func (t *Tier) flusher() {
 }
 
 // flushDefer says how long a flusher should hold off before taking the queue's head
-// (w.mu held, queue not empty): while PUTs stream in, the budget is under 3/4 full, no PUT
+// (w.mu held, queue not empty): while PUTs stream in, the budget is under 15/16 full, no PUT
 // waits for it and the oldest dirty value is younger than FlushDefer. It sleeps at most
 // deferPoll at a time, so the flush starts within about putIdleGap of the stream's pause.
 func (t *Tier) flushDefer(now int64) time.Duration {
@@ -253,24 +261,36 @@ func (t *Tier) flushDefer(now int64) time.Duration {
 }
 
 // flushMayDefer reports whether the budget leaves the flushers room to defer: deferral on,
-// no PUT waiting for budget, and no budget pressure (see notePressure).
+// no PUT waiting for budget, no budget pressure (see notePressure), and the current
+// stream has not brought pressure before.
 func (t *Tier) flushMayDefer() bool {
 	w := &t.wb
-	return t.cfg.FlushDefer > 0 && w.waiting.Load() == 0 && !w.pressure.Load()
+	return t.cfg.FlushDefer > 0 && w.waiting.Load() == 0 && !w.pressure.Load() &&
+		w.pressureGen.Load() != w.streamGen.Load()
 }
 
 // notePressure follows the dirty bytes d (w.bmu held, so updates land in order): pressure
-// starts when they reach 3/4 of the budget and lasts until they are under 1/2, so that a
+// starts when they reach 15/16 of the budget and lasts until they are under 1/2, so that a
 // sustained stream keeps every flusher writing instead of stopping them each time a flush
-// dips under 3/4.
+// dips under the mark.
+//
+// Why so late: flushing during a burst costs the burst its CPU (the flush's CRC pass over
+// values long out of cache, the O_DIRECT writes), and a burst that fits the budget needs no
+// flush until it is over. The last 1/16 is the room the flushers need to get going before a
+// PUT would wait. With pressure from 3/4, a burst of 0.9 of a 4 GiB budget ran at 0.45-0.94x
+// memcached's PUT; from 15/16 at 0.99-1.08x (docs/BENCHMARKS.md, "write path").
 func (t *Tier) notePressure(d int64) {
 	switch w := &t.wb; {
-	case d >= t.cfg.DirtyBytes/4*3:
+	case d >= pressureMark(t.cfg.DirtyBytes):
 		w.pressure.Store(true)
+		w.pressureGen.Store(w.streamGen.Load())
 	case d < t.cfg.DirtyBytes/2:
 		w.pressure.Store(false)
 	}
 }
+
+// pressureMark is the dirty bytes from which the flushers stop deferring: 15/16 of budget.
+func pressureMark(budget int64) int64 { return budget - budget/16 }
 
 // requeue puts slots a flusher could not take now back at the head of the queue.
 func (t *Tier) requeue(slots []*slot) {

@@ -357,11 +357,14 @@ func startBlockedPut(t *testing.T, tr *Tier, k store.Key, size int) (finish func
 		done <- tr.Put(k, size, func(dst []byte) error { <-release; clear(dst); return nil })
 	}()
 	testutil.WaitFor(t, 10*time.Second, "the blocked PUT to start", func() bool { return tr.wb.putting.Load() == 1 })
-	return func() {
-		close(release)
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+	var once sync.Once
+	return func() { // idempotent: also deferred, so that a failed test does not hang in Close
+		once.Do(func() {
+			close(release)
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }
 
@@ -382,27 +385,44 @@ func TestWriteBackFlushDefersToPUTStream(t *testing.T) {
 		func() bool { return tr.RAMStats().Flushed == 2 })
 }
 
-// The deferral ends when the dirty bytes reach 3/4 of the budget (until they are under 1/2),
-// when a value has waited FlushDefer, and never starts when it is off.
+// The deferral ends when the dirty bytes reach 15/16 of the budget (until they are under
+// 1/2, and for the rest of that stream of PUTs), when a value has waited FlushDefer, and
+// never starts when it is off.
 func TestWriteBackFlushDeferBounds(t *testing.T) {
-	t.Run("budget 3/4 full", func(t *testing.T) {
-		tr, _ := newWB(t, t.TempDir(), Config{ArenaBytes: 8 * mib, Shards: 2, DirtyBytes: 4 * mib, FlushDefer: time.Minute})
+	t.Run("budget 15/16 full", func(t *testing.T) {
+		tr, _ := newWB(t, t.TempDir(), Config{ArenaBytes: 16 * mib, Shards: 2, DirtyBytes: 4 * mib, FlushDefer: time.Minute})
 		defer tr.Close()
 		finish := startBlockedPut(t, tr, key(1), mib) // holds 1 MiB of the budget
 		defer finish()
 		put(t, tr, key(2), val(2, mib))
-		testutil.WaitFor(t, 10*time.Second, "flushers to defer", func() bool { return tr.RAMStats().FlushDeferrals > 0 })
-		put(t, tr, key(3), val(3, mib)) // 3 MiB dirty: 3/4 of the budget
-		// Flushes run until the dirty bytes are under 1/2 of the budget: both values (the
-		// blocked PUT's megabyte stays charged).
-		testutil.WaitFor(t, 10*time.Second, "the flushes with the budget 3/4 full",
-			func() bool { return tr.RAMStats().Flushed == 2 })
-		// Under 1/2 again, the deferral is back.
-		put(t, tr, key(4), val(4, mib))
+		put(t, tr, key(3), val(3, mib)) // 3 MiB dirty: 3/4 of the budget, still a burst
 		d := tr.RAMStats().FlushDeferrals
+		testutil.WaitFor(t, 10*time.Second, "flushers to defer at 3/4", func() bool { return tr.RAMStats().FlushDeferrals >= d+5 })
+		if rs := tr.RAMStats(); rs.Flushed != 0 {
+			t.Fatalf("flushed %d with the budget 3/4 full, want the deferral to hold", rs.Flushed)
+		}
+		put(t, tr, key(4), val(4, mib)) // 4 MiB dirty: the budget is full
+		// Flushes run until the dirty bytes are under 1/2 of the budget: the three values
+		// (the blocked PUT's megabyte stays charged).
+		testutil.WaitFor(t, 10*time.Second, "the flushes with the budget full",
+			func() bool { return tr.RAMStats().Flushed == 3 })
+		// Under 1/2 again but the same stream (the blocked PUT still in progress): a stream
+		// that filled the budget is sustained, so the flushers keep writing.
+		put(t, tr, key(5), val(5, mib))
+		testutil.WaitFor(t, 10*time.Second, "the flush within the same stream",
+			func() bool { return tr.RAMStats().Flushed == 4 })
+		finish() // the stream pauses: the blocked PUT's value is flushed at once
+		testutil.WaitFor(t, 10*time.Second, "the flush after the stream paused",
+			func() bool { return tr.RAMStats().Flushed == 5 })
+		// A new stream under 1/2 of the budget is a burst again.
+		time.Sleep(2 * putIdleGap)
+		finish2 := startBlockedPut(t, tr, key(6), mib)
+		defer finish2()
+		put(t, tr, key(7), val(7, mib))
+		d = tr.RAMStats().FlushDeferrals
 		testutil.WaitFor(t, 10*time.Second, "flushers to defer again", func() bool { return tr.RAMStats().FlushDeferrals >= d+5 })
-		if rs := tr.RAMStats(); rs.Flushed != 2 {
-			t.Fatalf("flushed %d under 1/2 of the budget, want the deferral back", rs.Flushed)
+		if rs := tr.RAMStats(); rs.Flushed != 5 {
+			t.Fatalf("flushed %d in a new stream under 1/2 of the budget, want the deferral back", rs.Flushed)
 		}
 	})
 	t.Run("oldest value waited FlushDefer", func(t *testing.T) {
@@ -431,7 +451,7 @@ func TestWriteBackFlushDeferBounds(t *testing.T) {
 	})
 }
 
-// With the flushers the bottleneck (deferral off, or the budget 3/4 full) a PUT takes its
+// With the flushers the bottleneck (deferral off, or the budget 15/16 full) a PUT takes its
 // CRC on receive and the flush stores it; while flushes may defer it is left to them.
 // Either way the disk holds the exact bytes (the slab verifies the CRC on read).
 func TestWriteBackCRCOnReceiveWhenFlushBound(t *testing.T) {
