@@ -34,7 +34,8 @@ b.ensure_baselines = lambda: {"redis": None, "memcached": None}
 b.run_meta = lambda: {}
 b.wait_addr_file = wait_addr_file
 opts = argparse.Namespace(size="1MiB", wb_dirty_bytes="64MiB", rounds=5, duration=1.0, conns=1, cold_conns=1,
-                          out=os.path.join(os.environ["TMPDIR"], "out"), no_build=True, base_build="")
+                          out=os.path.join(os.environ["TMPDIR"], "out"), no_build=True, base_build="",
+                          wb_server_arg=[])
 try:
     sys.exit(benchrounds.run(opts, b))
 except b.SetupError as e:

@@ -1,6 +1,7 @@
 """`tools/bench rounds`: what a user of the write-back tier and of cold reads feels, round by round.
 
-Each round (at least 5):
+Before the rounds the write-back server writes its whole cap once (its fallocated extents
+are then written, as in a cache in service; reported, not judged). Each round (at least 5):
   * a write-back burst: distinct 1 MiB PUTs x conns for 0.9 of the dirty budget (seconds of
     traffic, never past the budget: the server is idle-clean before it starts), then
     memcached's and Redis's PUT of the same count and shape, the order rotating by round;
@@ -73,9 +74,9 @@ def run(opts, b):
 def _run(opts, b, procs, tmp, found, base_server, size, budget, rounds, label, burst_n, cold_keys, warm_keys,
          peer_keys, cold_secs, out, profdir, started):
     conns, cold_conns = opts.conns, opts.cold_conns
-    cap = 3 * budget + (1 << 30)
+    wb_cap = 3 * budget + (1 << 30)  # the others hold at most a few GiB: the slab preallocates its cap
 
-    def start_dfkv(name, binary, extra):
+    def start_dfkv(name, binary, extra, cap=4 << 30):
         ddir = os.path.join(tmp, name + "-data")
         os.makedirs(ddir)
         af, lp = os.path.join(tmp, name + ".addr"), os.path.join(tmp, name + "_server.log")
@@ -93,7 +94,7 @@ def _run(opts, b, procs, tmp, found, base_server, size, budget, rounds, label, b
     arena = (budget + (256 << 20) + (1 << 20) - 1) // (1 << 20) * (1 << 20)
     srv = {"dfkv_wb": start_dfkv("dfkv_wb", b.SERVER, [
         "--ram-tier", "--ram-tier-bytes", str(arena), "--ram-tier-policy", "write-back",
-        "--ram-tier-dirty-bytes", str(budget), "--ram-tier-dirty-wait-ms", "2000"]),
+        "--ram-tier-dirty-bytes", str(budget), "--ram-tier-dirty-wait-ms", "2000"] + opts.wb_server_arg, wb_cap),
         "dfkv_cold": start_dfkv("dfkv_cold", b.SERVER, [])}
     wt_arena = str(3 * warm_keys * size + (256 << 20))
     wt_args = ["--ram-tier", "--ram-tier-bytes", wt_arena, "--ram-tier-policy", "write-through"]
@@ -161,6 +162,19 @@ def _run(opts, b, procs, tmp, found, base_server, size, budget, rounds, label, b
 
     def dfkv_t(s):
         return ["--target", "dfkv", "--node", s.addr]
+
+    # The slab's extents are fallocated: on ext4 and XFS they start unwritten, and the first
+    # O_DIRECT write of each block converts it (a metadata journal commit per flush), which
+    # made the first rounds' sustained figure 0.6x the later ones. A cache in service wrote
+    # every extent long ago, and the raw O_DIRECT file was written by odirect-prep, so the
+    # write-back server writes its whole cap once before the rounds. That pass is reported
+    # (first_pass), not judged.
+    b.log("dfkv_wb: first pass over its %s cap (every extent written once) ..." % b.size_label(wb_cap))
+    key_base[0] += 100000000
+    first_pass = bench("first_pass-wb", dfkv_t(srv["dfkv_wb"]) + [
+        "--op", "put", "--size", str(size), "--conns", str(conns), "--ns", "wb", "--distinct",
+        "--key-base", str(key_base[0]), "--count", str(wb_cap // size), "--warmup", "0", "--max-time", "600s"])
+    wait_clean(srv["dfkv_wb"])
 
     per = []  # one dict per round
     burst_secs = budget / 1e9  # the first round's guess of the burst length (1 GB/s)
@@ -265,7 +279,10 @@ def _run(opts, b, procs, tmp, found, base_server, size, budget, rounds, label, b
         print("failed measurements:")
         for f in failures:
             print("  " + f)
+    if first_pass:
+        print("  dfkv_wb first pass over the cap (not judged): %.3f GB/s" % first_pass["gb_per_s"])
     b.write_results(out, "rounds", started, {"size": size, "conns": conns, "cold_conns": cold_conns,
                                              "dirty_budget": budget, "burst_puts": burst_n, "rounds": per,
+                                             "first_pass": first_pass,
                                              "summary": summary, "failures": failures})
     return 1 if failures else 0
