@@ -149,6 +149,10 @@ func (g *Group) ForEach(fn func(store.Key, int64) bool) {
 
 func (g *Group) Stat(key store.Key) (int64, error) { return g.members[g.Route(key)].Stat(key) }
 
+// Has asks the owning disk (see store.Haser): a slab answers a miss without building an
+// error, which a Stat miss would on every write-back PUT of a new key.
+func (g *Group) Has(key store.Key) (bool, error) { return store.Has(g.members[g.Route(key)], key) }
+
 func (g *Group) Remove(key store.Key) error { return g.members[g.Route(key)].Remove(key) }
 
 // Stats sums the members. Engine is the members' engine name; Healthy requires every

@@ -179,3 +179,32 @@ func TestOpenDirsFile(t *testing.T) {
 }
 
 func fileCfg() file.Config { return file.Config{MaxValueBytes: 1 << 20} }
+
+// statless answers Has but fails Stat: Has on a group must reach a member's Haser.
+type statless struct{ store.Engine }
+
+func (statless) Stat(store.Key) (int64, error) { return 0, errors.New("Stat called") }
+func (s statless) Has(k store.Key) (bool, error) {
+	_, err := s.Engine.Stat(k)
+	return err == nil, nil
+}
+
+func TestHasUsesMembersHaser(t *testing.T) {
+	mems := []store.Engine{statless{store.NewMem(0)}, statless{store.NewMem(0)}}
+	g, err := New(mems)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 8 {
+		k := key(i)
+		if has, err := store.Has(g, k); has || err != nil {
+			t.Fatalf("key %d before Put: Has = %v, %v", i, has, err)
+		}
+		if err := g.Put(k, 1, func(b []byte) error { b[0] = 1; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if has, err := store.Has(g, k); !has || err != nil {
+			t.Fatalf("key %d after Put: Has = %v, %v", i, has, err)
+		}
+	}
+}
