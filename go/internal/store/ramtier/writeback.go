@@ -277,8 +277,9 @@ func (t *Tier) flushMayDefer() bool {
 // Why so late: flushing during a burst costs the burst its CPU (the flush's CRC pass over
 // values long out of cache, the O_DIRECT writes), and a burst that fits the budget needs no
 // flush until it is over. The last 1/16 is the room the flushers need to get going before a
-// PUT would wait. With pressure from 3/4, a burst of 0.9 of a 4 GiB budget ran at 0.45-0.94x
-// memcached's PUT; from 15/16 at 0.99-1.08x (docs/BENCHMARKS.md, "write path").
+// PUT would wait. With pressure from 3/4, bursts of 0.9 of a 4 GiB budget ran at 0.63x
+// memcached's PUT (median of 5 rounds); from 15/16 at 0.91-0.96x (docs/BENCHMARKS.md,
+// "Write path and cold reads").
 func (t *Tier) notePressure(d int64) {
 	switch w := &t.wb; {
 	case d >= pressureMark(t.cfg.DirtyBytes):
