@@ -34,8 +34,14 @@ assert UDMABUF_CREATE == 0x40187542
 
 
 def kind() -> str:
-    """'udmabuf' where /dev/udmabuf exists and may be opened read-write, else 'memfd'."""
-    return "udmabuf" if os.access(UDMABUF_DEV, os.R_OK | os.W_OK) else "memfd"
+    """'udmabuf' where /dev/udmabuf exists and may be opened read-write, else 'memfd'; with
+    DFKV_TEST_REQUIRE_UDMABUF=1 (the Soft-RoCE guest, whose kernel has it) no udmabuf is an
+    error, not a memfd."""
+    if os.access(UDMABUF_DEV, os.R_OK | os.W_OK):
+        return "udmabuf"
+    if os.environ.get("DFKV_TEST_REQUIRE_UDMABUF") == "1":
+        raise RuntimeError(f"DFKV_TEST_REQUIRE_UDMABUF=1 but {UDMABUF_DEV} cannot be opened read-write")
+    return "memfd"
 
 
 class DeviceMemory:

@@ -2,26 +2,30 @@
 # a real dfkv_server and dfkv_bench --transport rdma --verify (which fails unless RDMA is
 # in use) PUT then GET 1 B – 8 MiB; and the DMA-BUF probe.
 
-# wait_gid NS DEV NETDEV IP: waits (at most 10 s) until DEV's port is ACTIVE, its GID table
-# holds IP's IPv4-mapped GID and NETDEV has no tentative IPv6 address left (duplicate
-# address detection done: the link-local GID that a peer on the same host uses resolves
-# only then). rxe fills the table from the netdev's addresses asynchronously after `rdma
-# link add`; a QP brought up before that failed RTR with "connection timed out" (twonic's
-# first PUT, once).
+# wait_gid NS DEV IP NETDEV...: waits (at most 10 s) until DEV's port is ACTIVE, its GID
+# table holds IP's IPv4-mapped GID and no NETDEV has a tentative IPv6 address left (duplicate
+# address detection done: a link-local GID, which a peer on the same host uses, resolves only
+# then). NS "-" is the initial namespace. rxe fills the table from the netdev's addresses
+# after `rdma link add`; a QP brought up before that failed RTR with "connection timed out"
+# (twonic's first PUT; TestLoopback, the l2 fabric's first test, 8 s after boot).
 wait_gid() {
-  ns=$1 dev=$2 nd=$3 ip=$4
+  ns=$1 dev=$2 ip=$3
+  shift 3
+  nsrun() { if [ "$ns" = - ]; then "$@"; else ip netns exec "$ns" "$@"; fi; }
   want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(echo "$ip" | tr . ' '))
   p=/sys/class/infiniband/$dev/ports/1
   for _ in $(seq 100); do
-    if ip netns exec "$ns" sh -c "grep -q ACTIVE $p/state && cat $p/gids/[0-7] 2>/dev/null | grep -qx $want" &&
-      [ -z "$(ip -n "$ns" -6 addr show dev "$nd" tentative)" ]; then
-      return 0
-    fi
+    settled=1
+    nsrun sh -c "grep -q ACTIVE $p/state && cat $p/gids/[0-7] 2>/dev/null | grep -qx $want" || settled=0
+    for nd in "$@"; do
+      [ -z "$(nsrun ip -6 addr show dev "$nd" tentative)" ] || settled=0
+    done
+    [ $settled = 1 ] && return 0
     sleep 0.1
   done
-  say "$dev ($nd) in $ns: not ACTIVE with GID $want and no tentative address after 10 s"
-  ip netns exec "$ns" sh -c "cat $p/state; cat $p/gids/[0-3]" 2>&1 | sed 's/^/  /'
-  ip -n "$ns" addr show dev "$nd" | sed 's/^/  /'
+  say "$dev in $ns: not ACTIVE with GID $want and no tentative address on $* after 10 s"
+  nsrun sh -c "cat $p/state; cat $p/gids/[0-3]" 2>&1 | sed 's/^/  /'
+  for nd in "$@"; do nsrun ip addr show dev "$nd" 2>&1 | sed 's/^/  /'; done
   return 1
 }
 
@@ -75,8 +79,8 @@ fabric_routed() {
   ip netns exec rtr sysctl -qw net.ipv4.ip_forward=1
   ip netns exec cli rdma link add rxec type rxe netdev vc
   ip netns exec srv rdma link add rxes type rxe netdev vs
-  wait_gid cli rxec vc 10.1.0.2 || status=1
-  wait_gid srv rxes vs 10.2.0.2 || status=1
+  wait_gid cli rxec 10.1.0.2 vc || status=1
+  wait_gid srv rxes 10.2.0.2 vs || status=1
   ip netns exec cli ping -c1 -W5 10.2.0.2 >/dev/null && say "routed: ping across the router ok"
   for n in cli srv; do
     ip netns exec $n ibv_devinfo 2>/dev/null | grep -E 'hca_id|state' | sed "s/^/  $n: /"
@@ -104,8 +108,8 @@ fabric_twonic() {
   ip -n two link set ta up; ip -n two link set tb up
   ip netns exec two rdma link add rxea type rxe netdev ta
   ip netns exec two rdma link add rxeb type rxe netdev tb
-  wait_gid two rxea ta 10.3.0.1 || status=1
-  wait_gid two rxeb tb 10.3.0.2 || status=1
+  wait_gid two rxea 10.3.0.1 ta || status=1
+  wait_gid two rxeb 10.3.0.2 tb || status=1
   bench_pair twonic two 10.3.0.1 rxea two rxeb
 }
 
