@@ -10,7 +10,8 @@ are then written, as in a cache in service; reported, not judged). Each round (a
   * cold GET x cold-conns from a slab server without the RAM tier, against as many raw
     O_DIRECT readers of a file on the same file system, the order alternating;
   * with --base-build DIR (the previous build's build/ directory): warm GET and write-through
-    PUT against this build's server and that one, side by side, the order alternating.
+    PUT against this build's server and that one, side by side, A-B-B-A (each figure the
+    mean of its two runs).
 Every dfkv measurement writes a CPU profile of the client (dfkv_bench --cpuprofile) and of
 the server (its --pprof-addr, /debug/pprof/profile for the measurement's expected length)
 to OUT/profiles/r<round>-<what>-{client,server}.pprof. The summary gives, per ratio, every
@@ -231,16 +232,27 @@ def _run(opts, b, procs, tmp, found, base_server, size, budget, rounds, label, b
                             ["--ns", "cold"])
             row[s + "_get"] = res
         if base_server:
+            # A-B-B-A in every round, each system's figure the mean of its two runs: the first
+            # measurement after the cold GETs ran ~3% slower whichever build it was, and with an
+            # odd number of rounds a plain alternation put one build first more often.
             pair = ["dfkv_wt", "base_wt"] if rnd % 2 == 0 else ["base_wt", "dfkv_wt"]
             for op in ("get", "put"):
-                for s in pair:
+                runs = {s: [] for s in pair}
+                for s in pair + pair[::-1]:
                     b.log("round %d/%d: %s warm %s %s x%d ..." % (rnd + 1, rounds, s, op, label, conns))
                     args = dfkv_t(srv[s]) + ["--op", op, "--size", str(size), "--conns", str(conns), "--keys",
                                              str(warm_keys), "--ns", "wt", "--duration", "%gs" % cold_secs,
                                              "--warmup", "0.5s", "--max-time", "600s", "--strict"]
-                    if op == "get":
+                    if op == "get" and not runs[s]:
                         args.append("--seed")
-                    row["%s_%s" % (s, op)] = bench("r%d-%s_%s" % (rnd, s, op), args, srv[s], cold_secs + 0.5)
+                    runs[s].append(bench("r%d-%s_%s-%d" % (rnd, s, op, len(runs[s]) + 1), args, srv[s],
+                                         cold_secs + 0.5))
+                for s, rs in runs.items():
+                    if all(rs):
+                        row["%s_%s" % (s, op)] = dict(rs[0], gb_per_s=statistics.mean(r["gb_per_s"] for r in rs),
+                                                      gb_per_s_runs=[r["gb_per_s"] for r in rs])
+                    else:
+                        row["%s_%s" % (s, op)] = None
         per.append(row)
 
     def g(r, k):
